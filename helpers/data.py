@@ -1,0 +1,243 @@
+"""Datasets and DataLoaders: the offline digits data, PNG export, FashionMNIST, a validated loader factory."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+SPLITS = ("train", "test")
+DIGIT_CLASSES = tuple(str(digit) for digit in range(10))
+FASHION_URL_HELP = "https://github.com/zalandoresearch/fashion-mnist#get-the-data"
+
+
+def data_dir() -> Path:
+    """Where datasets live: $COURSE_DATA_DIR, else the project's `data/` folder, else ./data."""
+    if os.environ.get("COURSE_DATA_DIR"):
+        return Path(os.environ["COURSE_DATA_DIR"])
+    project = Path(__file__).resolve().parent.parent
+    if (project / "pyproject.toml").exists():
+        return project / "data"
+    return Path.cwd() / "data"
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+class DigitsDataset(Dataset):
+    """scikit-learn's 1,797 handwritten 8x8 digits as (image[1, size, size] in [0, 1], label) pairs.
+
+    The train/test split is stratified and fixed by `split_seed`, independent of any training seed.
+    `size` other than 8 upsamples once, bilinearly (28 makes the images MNIST-sized).
+    """
+
+    classes = DIGIT_CLASSES
+
+    def __init__(self, split: str = "train", *, size: int = 8, transform: Callable | None = None,
+                 test_fraction: float = 0.25, split_seed: int = 0) -> None:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        _check_split(split)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 8:
+            raise ValueError(f"size must be an int >= 8, got {size!r}")
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+        digits = load_digits()
+        indices = np.arange(len(digits.target))
+        train_idx, test_idx = train_test_split(
+            indices, test_size=test_fraction, random_state=split_seed, stratify=digits.target)
+        chosen = np.sort(train_idx if split == "train" else test_idx)
+        images = torch.from_numpy(digits.images[chosen]).float().div_(16.0).unsqueeze(1)
+        if size != 8:
+            images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+        self.images = images.clamp_(0.0, 1.0).contiguous()
+        self.targets = torch.from_numpy(digits.target[chosen]).long()
+        self.transform = transform
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+
+def export_png_folders(dataset: Dataset, root: str | Path, *, classes: Sequence[str] | None = None,
+                       overwrite: bool = False) -> Path:
+    """Write each (image, label) of `dataset` as root/<class>/<index>.png, the layout ImageFolder reads.
+
+    Images may be tensors [C, H, W] or [H, W] with values in [0, 1], or PIL images. Skips the work when
+    root already holds exactly len(dataset) PNGs, unless `overwrite`.
+    """
+    from PIL import Image
+
+    root = Path(root)
+    classes = list(classes if classes is not None else getattr(dataset, "classes", []))
+    if not classes:
+        raise ValueError("classes must be given when the dataset has no `classes` attribute")
+    if root.exists():
+        existing = len(list(root.glob("*/*.png")))
+        if existing == len(dataset) and not overwrite:
+            return root
+        if not overwrite:
+            raise ValueError(f"{root} already holds {existing} PNGs, expected {len(dataset)}; "
+                             "pass overwrite=True to rewrite it")
+    # Write into a private folder, then rename: a concurrent reader never sees a half-written export.
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        for name in classes:
+            (staging / name).mkdir()
+        for index in range(len(dataset)):
+            image, label = dataset[index]
+            if isinstance(image, torch.Tensor):
+                array = (image.detach().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+                if array.ndim == 3:
+                    array = array.squeeze(0) if array.shape[0] == 1 else array.permute(1, 2, 0)
+                image = Image.fromarray(array.numpy())
+            image.save(staging / classes[int(label)] / f"{index:05d}.png")
+        if root.exists():
+            shutil.rmtree(root)
+        try:
+            staging.rename(root)
+        except OSError:  # another process finished the same export first
+            if len(list(root.glob("*/*.png"))) != len(dataset):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def export_digits_png(root: str | Path | None = None, *, size: int = 28) -> Path:
+    """Export the digits (train and test) as PNG class folders under data/digits_png; return that folder."""
+    root = Path(root) if root is not None else data_dir() / f"digits_png_{size}"
+    for split in SPLITS:
+        export_png_folders(DigitsDataset(split, size=size), root / split)
+    return root
+
+
+class PngFolderDataset(Dataset):
+    """A file-backed dataset: reads root/<class>/*.png on every access, like torchvision's ImageFolder."""
+
+    def __init__(self, root: str | Path, transform: Callable | None = None) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ValueError(f"root must be a folder of class sub-folders, {self.root} does not exist")
+        self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        self.samples = [(path, label) for label, name in enumerate(self.classes)
+                        for path in sorted((self.root / name).glob("*.png"))]
+        if not self.samples:
+            raise ValueError(f"root {self.root} holds no PNG files in class sub-folders")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+        from torchvision.transforms.functional import pil_to_tensor
+
+        path, label = self.samples[index]
+        with Image.open(path) as image:
+            tensor = pil_to_tensor(image.convert("L")).float().div_(255.0)
+        if self.transform is not None:
+            tensor = self.transform(tensor)
+        return tensor, label
+
+
+def fashion_mnist(split: str = "train", *, root: str | Path | None = None, download: bool = True,
+                  transform: Callable | None = None) -> Dataset:
+    """The full FashionMNIST (60k/10k 28x28 images) through torchvision, stored under data/.
+
+    Offline, fails with a RuntimeError saying how to get the files by hand.
+    """
+    from torchvision import datasets, transforms
+
+    _check_split(split)
+    root = Path(root) if root is not None else data_dir()
+    transform = transform if transform is not None else transforms.ToTensor()
+    try:
+        return datasets.FashionMNIST(root, train=(split == "train"), download=download, transform=transform)
+    except (OSError, RuntimeError) as error:  # URLError is an OSError; a missing file a RuntimeError
+        raise RuntimeError(
+            f"FashionMNIST is not in {root / 'FashionMNIST' / 'raw'} and could not be downloaded "
+            f"({type(error).__name__}: {error}). Connect to the internet and run "
+            f"`python -m helpers.data fashion`, or copy the four *-ubyte.gz files from {FASHION_URL_HELP} "
+            f"into that folder by hand. Until then, the default DigitsDataset works offline."
+        ) from error
+
+
+def seed_worker(worker_id: int) -> None:
+    """worker_init_fn: seed python and numpy in each worker from its torch seed (which differs per worker)."""
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def make_loader(dataset: Dataset, *, batch_size: int = 64, shuffle: bool = False, seed: int | None = None,
+                num_workers: int = 0, pin_memory: bool = False, drop_last: bool = False,
+                persistent_workers: bool = False, prefetch_factor: int | None = None,
+                sampler=None, collate_fn: Callable | None = None, multiprocessing_context=None,
+                timeout: float = 0) -> DataLoader:
+    """A DataLoader with checked arguments, a seeded generator and seeded workers."""
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a torch.utils.data.Dataset, got {type(dataset).__name__}")
+    _check_int("batch_size", batch_size, 1)
+    _check_int("num_workers", num_workers, 0)
+    if sampler is not None and shuffle:
+        raise ValueError("sampler and shuffle=True are mutually exclusive: the sampler decides the order")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers=True needs num_workers >= 1, got num_workers=0")
+    if prefetch_factor is not None:
+        _check_int("prefetch_factor", prefetch_factor, 1)
+        if num_workers == 0:
+            raise ValueError("prefetch_factor needs num_workers >= 1, got num_workers=0")
+    if not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"timeout must be a number >= 0, got {timeout!r}")
+    generator = None
+    if seed is not None:
+        _check_int("seed", seed, 0)
+        generator = torch.Generator().manual_seed(seed)
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, num_workers=num_workers,
+        collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+        worker_init_fn=seed_worker if num_workers > 0 else None, generator=generator,
+        multiprocessing_context=multiprocessing_context, prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers,
+    )
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m helpers.data", description="Prepare datasets under data/.")
+    parser.add_argument("what", choices=["digits-png", "fashion"], help="export the digits as PNGs, or download FashionMNIST")
+    args = parser.parse_args(argv)
+    if args.what == "digits-png":
+        print(f"digits written to {export_digits_png()}")
+    else:
+        for split in SPLITS:
+            dataset = fashion_mnist(split)
+            print(f"FashionMNIST {split}: {len(dataset)} images in {data_dir()}")
+
+
+if __name__ == "__main__":
+    _main()

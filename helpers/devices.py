@@ -1,0 +1,93 @@
+"""Choosing a device, seeding every random number generator, and reporting the environment."""
+from __future__ import annotations
+
+import os
+import platform
+import random
+
+import numpy as np
+import torch
+
+DEVICE_KINDS = ("cuda", "mps", "cpu")
+
+
+def _available(kind: str) -> bool:
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        return bool(mps and mps.is_available())
+    return kind == "cpu"
+
+
+def available_devices() -> list[str]:
+    """Device kinds usable here, best first."""
+    return [kind for kind in DEVICE_KINDS if _available(kind)]
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """Return the best device (cuda > mps > cpu), or the one named by `prefer`."""
+    if prefer is None:
+        return torch.device(available_devices()[0])
+    if not isinstance(prefer, str):
+        raise TypeError(f"prefer must be a str such as 'cpu' or 'cuda:0' or None, got {type(prefer).__name__}")
+    try:
+        device = torch.device(prefer)
+    except RuntimeError as error:
+        raise ValueError(f"prefer must name a device kind in {DEVICE_KINDS}, got {prefer!r}") from error
+    if device.type not in DEVICE_KINDS:
+        raise ValueError(f"prefer must name a device kind in {DEVICE_KINDS}, got {prefer!r}")
+    if not _available(device.type):
+        raise ValueError(f"prefer={prefer!r} is not available on this machine; available: {available_devices()}")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"prefer={prefer!r} names GPU {device.index}, but only {torch.cuda.device_count()} are visible"
+        )
+    return device
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed python, numpy and torch (CPU and CUDA); return a torch.Generator for DataLoaders."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
+def environment_report() -> dict:
+    """Versions, devices and thread counts, as a flat-ish dict ready to print."""
+    import torchvision
+
+    report = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "mps_available": _available("mps"),
+        "devices": [],
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            report["devices"].append(
+                {"name": props.name, "index": index, "memory_bytes": props.total_memory,
+                 "capability": f"{props.major}.{props.minor}"}
+            )
+    else:
+        report["devices"].append({"name": platform.processor() or platform.machine(), "index": None,
+                                  "memory_bytes": None, "capability": None})
+    return report

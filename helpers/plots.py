@@ -1,0 +1,112 @@
+"""Plots: live training curves that update in place in Jupyter, and charts for measurement tables."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+
+
+class LivePlot:
+    """Curves of named metrics against epoch (or step), redrawn in place after each `update`.
+
+    In Jupyter the figure is shown once and then updated through a display handle; elsewhere it is
+    just a matplotlib Figure (`.figure`) that a script can save.
+    """
+
+    def __init__(self, metrics: Sequence[str], *, x: str = "epoch", title: str | None = None) -> None:
+        if not metrics or not all(isinstance(m, str) for m in metrics):
+            raise ValueError(f"metrics must be a non-empty list of metric names, got {metrics!r}")
+        self.metrics, self.x = list(metrics), x
+        self.rows: list[dict] = []
+        groups = [[m for m in self.metrics if "acc" not in m], [m for m in self.metrics if "acc" in m]]
+        self.groups = [g for g in groups if g]
+        self.figure, axes = plt.subplots(1, len(self.groups), figsize=(5 * len(self.groups), 3.2), squeeze=False)
+        self.axes = list(axes[0])
+        if title:
+            self.figure.suptitle(title)
+        self._handle = None
+        if _in_notebook():
+            from IPython.display import display
+
+            self._handle = display(self.figure, display_id=True)
+
+    def update(self, row: Mapping[str, float]) -> None:
+        """Add one row (a dict with the x key and any of the metrics) and redraw."""
+        self.rows.append(dict(row))
+        for ax, group in zip(self.axes, self.groups):
+            ax.clear()
+            for metric in group:
+                points = [(r.get(self.x, i + 1), r[metric]) for i, r in enumerate(self.rows) if metric in r]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, marker="o", label=metric)
+            ax.set_xlabel(self.x)
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend()
+        self.figure.tight_layout()
+        if self._handle is not None:
+            self._handle.update(self.figure)
+
+    def close(self) -> None:
+        """Stop drawing: in Jupyter the last frame stays in the output."""
+        plt.close(self.figure)
+
+
+def line_chart(x: Sequence[float], series: Mapping[str, Sequence[float]], *, xlabel: str, ylabel: str,
+               title: str = "", logx: bool = False, logy: bool = False) -> Figure:
+    """One line per series against shared x values."""
+    if not series:
+        raise ValueError("series must hold at least one named sequence")
+    for name, ys in series.items():
+        if len(ys) != len(x):
+            raise ValueError(f"series {name!r} has {len(ys)} values but x has {len(x)}")
+    figure, ax = plt.subplots(figsize=(6, 3.5))
+    for name, ys in series.items():
+        ax.plot(list(x), list(ys), marker="o", label=name)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    figure.tight_layout()
+    return figure
+
+
+def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", annotate: str = "{:.3g}") -> Figure:
+    """One bar per label, each annotated with its value."""
+    if not values:
+        raise ValueError("values must hold at least one label")
+    figure, ax = plt.subplots(figsize=(max(4, 1.1 * len(values)), 3.5))
+    labels, heights = list(values), [float(v) for v in values.values()]
+    bars = ax.bar(labels, heights, color="tab:blue")
+    for bar, height in zip(bars, heights):
+        ax.annotate(annotate.format(height), (bar.get_x() + bar.get_width() / 2, height),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def confusion_matrix_plot(matrix, classes: Sequence[str], *, title: str = "confusion matrix") -> Figure:
+    """A confusion matrix (rows: true class, columns: predicted) with counts in the cells."""
+    from sklearn.metrics import ConfusionMatrixDisplay
+
+    figure, ax = plt.subplots(figsize=(5, 4.5))
+    ConfusionMatrixDisplay(matrix, display_labels=list(classes)).plot(ax=ax, colorbar=False)
+    ax.set_title(title)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,54 @@
+"""The project's own files: dependencies in step, notebooks stored clean and well formed."""
+import re
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~ \[]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def test_environment_yml_names_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    conda_pins = {_name(r) for r in pip_section if not r.startswith("-e")}
+    assert conda_pins == declared, f"only in pyproject: {declared - conda_pins}; only in environment.yml: {conda_pins - declared}"
+    ranges = {_name(r): r.replace(" ", "") for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    assert all(ranges[_name(r)] == r.replace(" ", "") for r in pip_section if not r.startswith("-e"))
+    assert any("python=3.11" in str(d) for d in env["dependencies"])
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 1
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_stored_without_outputs_or_widget_state(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not dirty, f"{path.name}: cells {dirty} have outputs or execution counts; run nbstripout"
+    assert "widgets" not in nb.metadata, f"{path.name}: widget state stored in metadata; run nbstripout"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_follows_the_house_layout(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    first = code[0]
+    assert "parameters" in first.metadata.get("tags", []), f"{path.name}: first code cell must be tagged 'parameters'"
+    assignments = [line for line in first.source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert all(re.match(r"^[A-Z][A-Z0-9_]* = ", line) for line in assignments), \
+        f"{path.name}: the parameters cell holds only CAPITALISED assignments"
+    assert any("nbval-ignore-output" in c.metadata.get("tags", []) and "knob_panel" in c.source for c in code), \
+        f"{path.name}: needs a knobs cell (knob_panel) tagged nbval-ignore-output"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
