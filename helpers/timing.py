@@ -1,0 +1,76 @@
+"""Timing done right: warm-up first, synchronise CUDA before reading the clock, compare in one run."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Mapping
+
+import torch
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for queued GPU work (a no-op on CPU), so the clock measures the work and not its launch."""
+    if device is None:
+        return
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _check_counts(repeat: int, warmup: int) -> None:
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat must be a positive int, got {repeat!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+
+
+def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
+              device: torch.device | str | None = None) -> list[float]:
+    """Seconds taken by each of `repeat` calls of fn(), after `warmup` untimed calls."""
+    _check_counts(repeat, warmup)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    seconds = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], object]], *, repeat: int = 5, warmup: int = 1,
+                     device: torch.device | str | None = None) -> dict[str, list[float]]:
+    """Time several functions in turns (A B A B ...), so drifts in machine load hit them alike."""
+    _check_counts(repeat, warmup)
+    if not fns:
+        raise ValueError("fns must hold at least one named function")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    synchronize(device)
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def median(values: list[float]) -> float:
+    """The median, which shrugs off the odd slow repetition better than the mean."""
+    if not values:
+        raise ValueError("values must not be empty")
+    return statistics.median(values)
+
+
+def median_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median of pairwise ratios numerator[i] / denominator[i] from an interleaved run."""
+    if len(numerator) != len(denominator) or not numerator:
+        raise ValueError(f"need two equally long, non-empty lists, got {len(numerator)} and {len(denominator)}")
+    return statistics.median(a / b for a, b in zip(numerator, denominator))

@@ -1,0 +1,64 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.devices import available_devices, environment_report, pick_device, seed_everything
+
+
+def test_pick_device_defaults_to_the_best_available():
+    assert pick_device().type == available_devices()[0]
+    assert available_devices()[-1] == "cpu"
+
+
+def test_pick_device_forces_cpu():
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", ["tpu", "gpu", "banana"])
+def test_pick_device_rejects_unknown_names(name):
+    with pytest.raises(ValueError, match="prefer"):
+        pick_device(name)
+
+
+def test_pick_device_rejects_unavailable_devices():
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="only"):
+            pick_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        with pytest.raises(ValueError, match="not available"):
+            pick_device("cuda")
+
+
+def test_pick_device_rejects_non_strings():
+    with pytest.raises(TypeError, match="prefer"):
+        pick_device(0)
+
+
+def test_seed_everything_repeats_every_generator():
+    def draw():
+        generator = seed_everything(123)
+        return (random.random(), np.random.rand(), torch.rand(1).item(),
+                torch.randperm(10, generator=generator).tolist())
+
+    assert draw() == draw()
+    first = draw()
+    seed_everything(124)
+    assert torch.rand(1).item() != first[2]
+
+
+@pytest.mark.parametrize("seed, error", [(-1, ValueError), (2**32, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_seed_everything_rejects_bad_seeds(seed, error):
+    with pytest.raises(error, match="seed"):
+        seed_everything(seed)
+
+
+def test_environment_report_names_versions_and_devices():
+    report = environment_report()
+    assert report["torch"] == torch.__version__
+    assert report["torch_threads"] == torch.get_num_threads()
+    assert report["cuda_available"] == torch.cuda.is_available()
+    assert len(report["devices"]) >= 1
+    for key in ("python", "torchvision", "cuda_version", "cudnn_version", "cpu_count"):
+        assert key in report

@@ -1,0 +1,205 @@
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Subset, TensorDataset
+
+from helpers.data import DigitsDataset, make_loader
+from helpers.devices import seed_everything
+from helpers.loop import evaluate, fit, has_pending_gradients, make_grad_scaler, train_epoch
+from helpers.models import MLP, SmallCNN
+
+LOSS = nn.CrossEntropyLoss()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return DigitsDataset("train"), DigitsDataset("test")
+
+
+def _weights_equal(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def _max_diff(a: nn.Module, b: nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_train_epoch_is_bit_identical_to_the_five_line_loop(digits, seed):
+    def trained(use_helper: bool) -> nn.Module:
+        seed_everything(seed)
+        model = MLP(dropout=0.2, batch_norm=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        loader = make_loader(digits[0], batch_size=50, shuffle=True, seed=seed)
+        if use_helper:
+            train_epoch(model, loader, optimizer, LOSS, device="cpu", progress=False)
+        else:
+            for inputs, targets in loader:
+                loss = LOSS(model(inputs), targets)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return model
+
+    assert _weights_equal(trained(True), trained(False))
+
+
+@pytest.mark.parametrize("n, batch, k", [(64, 16, 4), (10, 3, 4), (23, 4, 3), (7, 7, 2)])
+def test_accumulation_equals_the_big_batch_update_even_when_uneven(digits, n, batch, k):
+    seed_everything(1)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    subset = Subset(digits[0], range(n))
+    group = batch * k
+    train_epoch(model, make_loader(subset, batch_size=batch), torch.optim.SGD(model.parameters(), lr=0.5),
+                LOSS, device="cpu", accumulation_steps=k, progress=False)
+    train_epoch(reference, make_loader(subset, batch_size=group), torch.optim.SGD(reference.parameters(), lr=0.5),
+                LOSS, device="cpu", progress=False)
+    assert _max_diff(model, reference) < 1e-6
+
+
+def test_train_epoch_reports_counts_and_leaves_no_pending_gradients(digits):
+    model = MLP()
+    loader = make_loader(Subset(digits[0], range(100)), batch_size=16)  # 7 micro-batches
+    result = train_epoch(model, loader, torch.optim.SGD(model.parameters(), lr=0.1), LOSS, device="cpu",
+                         accumulation_steps=3, progress=False)
+    assert result["samples"] == 100 and result["micro_batches"] == 7 and result["optimizer_steps"] == 3
+    assert result["loss"] > 0 and result["samples_per_s"] > 0
+    assert not has_pending_gradients(model)
+
+
+def test_has_pending_gradients_sees_a_backward_without_a_step():
+    model = MLP()
+    assert not has_pending_gradients(model)
+    LOSS(model(torch.randn(4, 64)), torch.tensor([0, 1, 2, 3])).backward()
+    assert has_pending_gradients(model)
+
+
+def test_scheduler_steps_once_per_optimizer_step(digits):
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    train_epoch(model, make_loader(Subset(digits[0], range(40)), batch_size=10), optimizer, LOSS, device="cpu",
+                scheduler=scheduler, accumulation_steps=2, progress=False)
+    assert optimizer.param_groups[0]["lr"] == 0.25
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_amp_on_cpu_trains_and_stays_close_to_fp32(digits, amp):
+    def run(amp_mode):
+        seed_everything(3)
+        model = SmallCNN()
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        loader = make_loader(digits[0], batch_size=64, shuffle=True, seed=3)
+        history = fit(model, loader, optimizer, LOSS, device="cpu", epochs=2, amp=amp_mode, max_grad_norm=1.0,
+                      val_loader=make_loader(digits[1], batch_size=256), progress=False)
+        return history[-1]
+
+    low, full = run(amp), run(None)
+    assert low["val_accuracy"] > 0.8
+    assert abs(low["val_accuracy"] - full["val_accuracy"]) < 0.05
+
+
+def test_fp16_gets_a_grad_scaler_and_bf16_does_not():
+    assert isinstance(make_grad_scaler(torch.device("cpu"), "fp16"), torch.amp.GradScaler)
+    assert make_grad_scaler(torch.device("cpu"), "bf16") is None
+
+
+def test_clipping_bounds_the_update():
+    model = nn.Linear(4, 2, bias=False)
+    before = model.weight.detach().clone()
+    data = TensorDataset(torch.full((8, 4), 100.0), torch.zeros(8, dtype=torch.long))
+    train_epoch(model, make_loader(data, batch_size=8), torch.optim.SGD(model.parameters(), lr=1.0),
+                LOSS, device="cpu", max_grad_norm=0.5, progress=False)
+    assert (model.weight.detach() - before).norm() <= 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"accumulation_steps": 0}, ValueError, "accumulation_steps must be a positive int, got 0"),
+    ({"accumulation_steps": 2.0}, ValueError, "accumulation_steps"),
+    ({"amp": "fp8"}, ValueError, "amp must be None, 'bf16' or 'fp16', got 'fp8'"),
+    ({"max_grad_norm": -1.0}, ValueError, "max_grad_norm"),
+    ({"device": 3}, TypeError, "device"),
+])
+def test_train_epoch_bad_arguments(digits, kwargs, error, message):
+    model = MLP()
+    args = {"device": "cpu", "progress": False, **kwargs}
+    with pytest.raises(error, match=message):
+        train_epoch(model, make_loader(digits[1], batch_size=64), torch.optim.SGD(model.parameters(), lr=0.1),
+                    LOSS, **args)
+
+
+def test_train_epoch_rejects_an_empty_loader():
+    model = MLP()
+    empty = make_loader(TensorDataset(torch.zeros(0, 64), torch.zeros(0, dtype=torch.long)), batch_size=4)
+    with pytest.raises(ValueError, match="loader"):
+        train_epoch(model, empty, torch.optim.SGD(model.parameters(), lr=0.1), LOSS, device="cpu", progress=False)
+    with pytest.raises(ValueError, match="loader"):
+        train_epoch(model, iter([]), torch.optim.SGD(model.parameters(), lr=0.1), LOSS, device="cpu", progress=False)
+
+
+def test_train_epoch_rejects_a_non_optimizer():
+    with pytest.raises(TypeError, match="optimizer"):
+        train_epoch(MLP(), [], "sgd", LOSS, device="cpu", progress=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to put the model elsewhere")
+def test_train_epoch_names_a_device_mismatch(digits):
+    model = MLP()
+    with pytest.raises(ValueError, match="model.to"):
+        train_epoch(model, make_loader(digits[1]), torch.optim.SGD(model.parameters(), lr=0.1), LOSS,
+                    device="cuda", progress=False)
+
+
+def test_evaluate_matches_scikit_learn_and_restores_the_mode(digits):
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+
+    seed_everything(0)
+    model = MLP(dropout=0.5)
+    model.train()
+    loader = make_loader(digits[1], batch_size=100)
+    result = evaluate(model, loader, LOSS, device="cpu")
+    assert model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(digits[1].images)
+    predictions = logits.argmax(1).numpy()
+    truth = digits[1].targets.numpy()
+    assert result["accuracy"] == pytest.approx(accuracy_score(truth, predictions))
+    assert result["f1_weighted"] == pytest.approx(f1_score(truth, predictions, average="weighted", zero_division=0))
+    assert (result["confusion_matrix"] == confusion_matrix(truth, predictions)).all()
+    assert result["loss"] == pytest.approx(LOSS(logits, digits[1].targets).item(), rel=1e-5)
+
+
+def test_fit_returns_history_steps_scheduler_and_learns(digits):
+    seed_everything(0)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    seen = []
+    history = fit(model, make_loader(digits[0], batch_size=32, shuffle=True, seed=0), optimizer, LOSS,
+                  device="cpu", epochs=3, val_loader=make_loader(digits[1], batch_size=256), scheduler=scheduler,
+                  progress=False, on_epoch_end=seen.append)
+    assert [row["epoch"] for row in history] == [1, 2, 3] and seen == history
+    assert [row["lr"] for row in history] == pytest.approx([0.05, 0.025, 0.0125])
+    assert history[-1]["val_accuracy"] > 0.9
+    assert history[-1]["optimizer_steps"] == len(make_loader(digits[0], batch_size=32))
+
+
+@pytest.mark.parametrize("kwargs, message", [({"epochs": 0}, "epochs"), ({"scheduler_interval": "batch"}, "scheduler_interval")])
+def test_fit_bad_arguments(digits, kwargs, message):
+    model = MLP()
+    args = {"epochs": 1, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        fit(model, make_loader(digits[1]), torch.optim.SGD(model.parameters(), lr=0.1), LOSS, device="cpu",
+            progress=False, **args)
+
+
+def test_fit_with_live_plot_outside_jupyter(digits):
+    model = MLP()
+    history = fit(model, make_loader(digits[1], batch_size=128), torch.optim.SGD(model.parameters(), lr=0.1),
+                  LOSS, device="cpu", epochs=2, val_loader=make_loader(digits[1], batch_size=256),
+                  live_plot=True, progress=True)
+    assert len(history) == 2

@@ -1,0 +1,109 @@
+import pytest
+import torch
+from torch import nn
+
+from helpers.memory import format_bytes, model_state_bytes, peak_memory, saved_tensors_meter
+from helpers.models import deep_linear_stack
+
+
+@pytest.mark.parametrize("batch, width, depth", [(8, 16, 1), (32, 64, 5), (3, 100, 12)])
+def test_meter_matches_the_analytic_count_to_the_byte(batch, width, depth):
+    model = deep_linear_stack(width, depth)
+    x = torch.randn(batch, width)
+    with saved_tensors_meter(exclude=model) as meter:
+        loss = model(x).sum()
+    # Linear saves its input, ReLU its output; each ReLU output is the next Linear's input (one storage)
+    assert meter.bytes == (depth + 1) * batch * width * 4
+    assert meter.live_bytes == meter.bytes == meter.peak_bytes
+    loss.backward()
+    assert meter.live_bytes == 0
+
+
+def test_meter_without_exclude_counts_weights_too():
+    model = deep_linear_stack(16, 3)
+    x = torch.randn(4, 16, requires_grad=True)  # now every Linear also saves weight.t() for the input grad
+    with saved_tensors_meter() as everything:
+        model(x)
+    with saved_tensors_meter(exclude=model) as activations:
+        model(x)
+    assert everything.bytes - activations.bytes == 3 * 16 * 16 * 4
+
+
+def test_meter_peak_is_one_graph_when_backward_runs_in_between():
+    model = deep_linear_stack(32, 4)
+    small, big = torch.randn(4, 32), torch.randn(16, 32)
+    with saved_tensors_meter(exclude=model) as meter:
+        model(small).sum().backward()
+        model(big).sum().backward()
+    assert meter.bytes == 5 * (4 + 16) * 32 * 4
+    assert meter.peak_bytes == 5 * 16 * 32 * 4
+
+
+def test_meter_reads_zero_under_no_grad():
+    model = deep_linear_stack(8, 2)
+    with saved_tensors_meter(exclude=model) as meter, torch.no_grad():
+        model(torch.randn(2, 8))
+    assert meter.bytes == 0
+
+
+def test_meter_rejects_bad_exclude():
+    with pytest.raises(TypeError, match="exclude"):
+        with saved_tensors_meter(exclude=[1, 2]):
+            pass
+
+
+def test_model_state_bytes_splits_the_state():
+    model = nn.Sequential(nn.Linear(10, 4), nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters())
+    before = model_state_bytes(model, optimizer)
+    assert before["parameters"] == (10 * 4 + 4 + 4 + 4) * 4
+    assert before["gradients"] == 0 and before["optimizer_state"] == 0
+    assert before["buffers"] == (4 + 4) * 4 + 8  # running mean/var in float32, num_batches_tracked int64
+    model(torch.randn(3, 10)).sum().backward()
+    optimizer.step()
+    after = model_state_bytes(model, optimizer)
+    assert after["gradients"] == after["parameters"]
+    assert after["optimizer_state"] >= 2 * after["parameters"]  # Adam keeps two moments per parameter
+    assert after["total"] == sum(v for k, v in after.items() if k != "total")
+
+
+def test_model_state_bytes_bad_inputs():
+    with pytest.raises(TypeError, match="model"):
+        model_state_bytes("model")
+    with pytest.raises(TypeError, match="optimizer"):
+        model_state_bytes(nn.Linear(2, 2), optimizer="adam")
+
+
+def test_peak_memory_on_cpu_sees_a_large_allocation():
+    with peak_memory("cpu") as small:
+        pass
+    with peak_memory("cpu") as peak:
+        block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+        del block
+    assert "coarse" in peak.kind
+    assert peak.bytes >= 64 * 1024 * 1024
+    assert peak.bytes >= small.bytes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_peak_memory_on_cuda_uses_the_allocator():
+    with peak_memory("cuda") as peak:
+        block = torch.ones(1024 * 1024, device="cuda")
+        del block
+    assert peak.bytes >= 4 * 1024 * 1024 and "allocator" in peak.kind
+
+
+def test_peak_memory_rejects_other_devices():
+    with pytest.raises(ValueError, match="device"):
+        with peak_memory("meta"):
+            pass
+
+
+@pytest.mark.parametrize("value, text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (3 * 1024**3, "3.00 GiB")])
+def test_format_bytes(value, text):
+    assert format_bytes(value) == text
+
+
+def test_format_bytes_rejects_non_numbers():
+    with pytest.raises(TypeError, match="num_bytes"):
+        format_bytes("12")

@@ -1,0 +1,36 @@
+import pytest
+
+from helpers.timing import median, median_ratio, time_call, time_interleaved
+
+
+def test_time_call_warms_up_then_times():
+    calls = []
+    seconds = time_call(lambda: calls.append(1), repeat=3, warmup=2)
+    assert len(calls) == 5 and len(seconds) == 3 and all(s >= 0 for s in seconds)
+
+
+def test_time_interleaved_alternates():
+    order = []
+    result = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=2, warmup=1)
+    assert order == ["a", "b"] * 3
+    assert set(result) == {"a", "b"} and all(len(v) == 2 for v in result.values())
+
+
+def test_median_and_ratio():
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median_ratio([2.0, 4.0, 9.0], [1.0, 2.0, 3.0]) == 2.0
+
+
+@pytest.mark.parametrize("kwargs, message", [({"repeat": 0}, "repeat"), ({"warmup": -1}, "warmup")])
+def test_bad_counts(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        time_call(lambda: None, **kwargs)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="fns"):
+        time_interleaved({})
+    with pytest.raises(ValueError, match="values"):
+        median([])
+    with pytest.raises(ValueError, match="equally long"):
+        median_ratio([1.0], [1.0, 2.0])
