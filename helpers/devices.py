@@ -60,6 +60,17 @@ def seed_everything(seed: int) -> torch.Generator:
     return generator
 
 
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), or the best the platform module knows."""
+    cpuinfo = "/proc/cpuinfo"
+    if os.path.exists(cpuinfo):
+        with open(cpuinfo) as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def environment_report() -> dict:
     """Versions, devices and thread counts, as a flat-ish dict ready to print."""
     import torchvision
@@ -88,6 +99,6 @@ def environment_report() -> dict:
                  "capability": f"{props.major}.{props.minor}"}
             )
     else:
-        report["devices"].append({"name": platform.processor() or platform.machine(), "index": None,
+        report["devices"].append({"name": cpu_name(), "index": None,
                                   "memory_bytes": None, "capability": None})
     return report

@@ -62,3 +62,9 @@ def test_environment_report_names_versions_and_devices():
     assert len(report["devices"]) >= 1
     for key in ("python", "torchvision", "cuda_version", "cudnn_version", "cpu_count"):
         assert key in report
+
+
+def test_cpu_name_is_a_readable_string():
+    from helpers.devices import cpu_name
+
+    assert isinstance(cpu_name(), str) and cpu_name()
