@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test install clean-venv
+.PHONY: lab test bench install clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The performance table: `make bench`, or `make bench BENCH_ARGS=--quick` for the one-minute version.
+bench: $(STAMP)
+	$(PY) -m helpers.bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

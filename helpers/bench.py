@@ -1,0 +1,402 @@
+"""The package's performance table: `python -m helpers.bench [--quick]` (or `make bench`).
+
+Every figure is measured here and now; comparisons are ratios taken in the same run, in interleaved
+repetitions after warm-up, because absolute times differ from machine to machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from .data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
+from .devices import cpu_name, seed_everything
+from .loop import autocast_context, train_epoch
+from .memory import format_bytes, peak_memory, saved_tensors_meter
+from .models import MLP, SmallCNN, deep_linear_stack
+from .timing import median, median_ratio, time_call, time_interleaved
+
+LOSS = nn.CrossEntropyLoss()
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- tables and ratios (unit-tested)
+
+def format_table(rows: Sequence[dict], columns: Sequence[str], *, title: str = "") -> str:
+    """A plain-text table: one row per dict, one column per key, floats to 3 significant digits."""
+    if not columns:
+        raise ValueError("columns must name at least one column")
+
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.3f}" if 0.001 <= abs(value) < 1000 else f"{value:.3g}"
+        return "" if value is None else str(value)
+
+    text = [[cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in text]) for i, c in enumerate(columns)]
+    lines = [title] if title else []
+    lines.append("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(r, widths)) for r in text]
+    return "\n".join(lines)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.replace(" KiB", "").replace(" MiB", ""))
+        return True
+    except ValueError:
+        return False
+
+
+def throughput_ratio(helper_seconds: Sequence[float], hand_seconds: Sequence[float]) -> float:
+    """Helper throughput / hand-written throughput, as the median of the per-repetition ratios.
+
+    Same work per repetition, so samples/s ratio = hand time / helper time.
+    """
+    return median_ratio(list(hand_seconds), list(helper_seconds))
+
+
+def machine_info(device: torch.device) -> dict:
+    """What the figures were measured on."""
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "device": str(device), "python": platform.python_version()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def machine_line(info: dict) -> str:
+    """One line naming the machine, printed at the top of every section."""
+    gpu = f", GPU {info['gpu']}" if "gpu" in info else ""
+    return (f"[{info['cpu']}, {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}, "
+            f"device {info['device']}{gpu}]")
+
+
+# ---------------------------------------------------------------- section 1: loop overhead
+
+def _hand_loop(model, loader, optimizer, device, *, accumulation_steps=1, amp=None, bar=False):
+    """The plain loop, written as a learner writes it: the reference the helpers must keep up with."""
+    if bar:
+        from tqdm.auto import tqdm
+
+        loader = tqdm(loader, leave=False)
+    model.train()
+    for index, (inputs, targets) in enumerate(loader):
+        inputs, targets = inputs.to(device), targets.to(device)
+        with autocast_context(device, amp):
+            loss = LOSS(model(inputs), targets)
+        (loss / accumulation_steps if accumulation_steps > 1 else loss).backward()
+        if (index + 1) % accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def loop_overhead(device: torch.device, *, repeat: int, warmup: int = 3) -> list[dict]:
+    """train_epoch against the hand-written loop, same model, data and seed, interleaved."""
+    train8, train28 = DigitsDataset("train"), DigitsDataset("train", size=28)
+    cases = [
+        ("MLP, batch 32", MLP, train8, 32, {}),
+        ("CNN 28x28, batch 64", SmallCNN, train28, 64, {}),
+        ("CNN 28x28, progress bar", SmallCNN, train28, 64, {"bar": True}),
+        ("MLP, accumulation 4", MLP, train8, 16, {"accumulation_steps": 4}),
+        ("CNN 28x28, bf16 autocast", SmallCNN, train28, 64, {"amp": "bf16"}),
+    ]
+    rows = []
+    for name, factory, dataset, batch_size, options in cases:
+        runs = {}
+        for who in ("helpers", "hand-written"):
+            seed_everything(0)
+            model = factory().to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            loader = make_loader(dataset, batch_size=batch_size, shuffle=True, seed=0)
+            if who == "helpers":
+                runs[who] = (lambda m=model, o=optimizer, l=loader: train_epoch(
+                    m, l, o, LOSS, device=device, accumulation_steps=options.get("accumulation_steps", 1),
+                    amp=options.get("amp"), progress=options.get("bar", False)))
+            else:
+                runs[who] = (lambda m=model, o=optimizer, l=loader: _hand_loop(m, l, o, device, **options))
+        seconds = time_interleaved(runs, repeat=repeat, warmup=warmup, device=device)
+        samples = len(dataset)
+        rows.append({"case": name,
+                     "hand samples/s": samples / median(seconds["hand-written"]),
+                     "helpers samples/s": samples / median(seconds["helpers"]),
+                     "ratio": throughput_ratio(seconds["helpers"], seconds["hand-written"])})
+    return rows
+
+
+# ---------------------------------------------------------------- section 2: DataLoader
+
+def dataloader_throughput(device: torch.device, *, workers: Iterable[int], batch_sizes: Iterable[int],
+                          epochs: int = 2) -> list[dict]:
+    """Samples/s reading the PNG digits from disk, and the start-up of each epoch, over loader settings."""
+    import time
+
+    root = export_digits_png(size=28) / "train"
+    dataset = PngFolderDataset(root)
+    pin_options = (False, True) if device.type == "cuda" else (False,)
+    rows = []
+    for batch_size in batch_sizes:
+        for num_workers in workers:
+            for pin in pin_options:
+                for persistent in ((False, True) if num_workers > 0 else (False,)):
+                    loader = make_loader(dataset, batch_size=batch_size, shuffle=True, seed=0,
+                                         num_workers=num_workers, pin_memory=pin, persistent_workers=persistent)
+                    first_batch, total = [], []
+                    for _ in range(epochs):
+                        start = time.perf_counter()
+                        for index, (inputs, _labels) in enumerate(loader):
+                            inputs.to(device, non_blocking=pin)
+                            if index == 0:
+                                first_batch.append(time.perf_counter() - start)
+                        total.append(time.perf_counter() - start)
+                    del loader
+                    rows.append({"batch": batch_size, "workers": num_workers, "pin_memory": pin,
+                                 "persistent": persistent, "samples/s": len(dataset) / median(total),
+                                 "last epoch start (ms)": 1e3 * first_batch[-1]})
+    return rows
+
+
+# ---------------------------------------------------------------- section 3: activation checkpointing
+
+def activation_checkpointing(device: torch.device, *, width: int, depth: int, batch: int,
+                             segments: Iterable[int], repeat: int) -> list[dict]:
+    """Saved-activation bytes and step time of a deep Linear stack against checkpoint segment count."""
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    seed_everything(0)
+    model = deep_linear_stack(width, depth).to(device)
+    inputs = torch.randn(batch, width, device=device)
+
+    def step(count: int) -> None:
+        output = model(inputs) if count == 0 else checkpoint_sequential(model, count, inputs, use_reentrant=False)
+        output.sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    steps = {count: (lambda c=count: step(c)) for count in segments}
+    seconds = time_interleaved(steps, repeat=repeat, warmup=1, device=device)
+    rows = []
+    for count in segments:
+        with saved_tensors_meter(exclude=model) as meter:
+            output = model(inputs) if count == 0 else checkpoint_sequential(model, count, inputs, use_reentrant=False)
+            forward_bytes = meter.bytes
+            output.sum().backward()
+        model.zero_grad(set_to_none=True)
+        row = {"segments": count, "saved after forward": forward_bytes, "peak saved in step": meter.peak_bytes,
+               "step ms": 1e3 * median(seconds[count])}
+        if device.type == "cuda":
+            with peak_memory(device) as peak:
+                step(count)
+            row["CUDA peak"] = peak.bytes
+        rows.append(row)
+    base = rows[0]
+    for row in rows:
+        row["memory ratio"] = row["saved after forward"] / base["saved after forward"]
+        row["time ratio"] = median_ratio(seconds[row["segments"]], seconds[base["segments"]])
+    return rows
+
+
+# ---------------------------------------------------------------- section 4: mixed precision
+
+def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[dict]:
+    """Step time and saved-activation bytes, fp32 against bf16 (and fp16 with GradScaler on CUDA)."""
+    modes = [None, "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    seed_everything(0)
+    inputs = torch.rand(batch, 1, 28, 28, device=device)
+    targets = torch.randint(0, 10, (batch,), device=device)
+    setups = {}
+    for amp in modes:
+        seed_everything(0)
+        model = SmallCNN(channels=32).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
+        setups[amp] = (model, optimizer, scaler)
+
+    def step(amp) -> None:
+        model, optimizer, scaler = setups[amp]
+        with autocast_context(device, amp):
+            loss = LOSS(model(inputs), targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    seconds = time_interleaved({str(amp): (lambda a=amp: step(a)) for amp in modes}, repeat=repeat, warmup=2,
+                               device=device)
+    rows = []
+    for amp in modes:
+        model = setups[amp][0]
+        with saved_tensors_meter(exclude=model) as meter, autocast_context(device, amp):
+            LOSS(model(inputs), targets)
+        row = {"precision": amp or "fp32", "step ms": 1e3 * median(seconds[str(amp)]),
+               "saved bytes": meter.bytes}
+        if device.type == "cuda":
+            with peak_memory(device) as peak:
+                step(amp)
+            row["CUDA peak"] = peak.bytes
+        rows.append(row)
+    for row, amp in zip(rows, modes):
+        row["time ratio"] = median_ratio(seconds[str(amp)], seconds["None"])
+        row["memory ratio"] = row["saved bytes"] / rows[0]["saved bytes"]
+    return rows
+
+
+# ---------------------------------------------------------------- section 5: inference
+
+def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iterable[int], repeat: int) -> list[dict]:
+    """Latency and throughput against batch size and threads: plain, no_grad and inference_mode."""
+    import contextlib
+
+    seed_everything(0)
+    model = SmallCNN().to(device).eval()
+    modes = {"plain": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+    previous = torch.get_num_threads()
+    rows = []
+    try:
+        for count in threads if device.type == "cpu" else [previous]:
+            torch.set_num_threads(count)
+            for batch in batch_sizes:
+                inputs = torch.rand(batch, 1, 28, 28, device=device)
+
+                def run(mode, x=inputs):
+                    with modes[mode]():
+                        model(x)
+
+                seconds = time_interleaved({m: (lambda m=m: run(m)) for m in modes}, repeat=repeat, warmup=2,
+                                           device=device)
+                for mode in modes:
+                    latency = median(seconds[mode])
+                    rows.append({"threads": count, "batch": batch, "mode": mode, "latency ms": 1e3 * latency,
+                                 "samples/s": batch / latency,
+                                 "speed-up vs plain": median_ratio(seconds["plain"], seconds[mode])})
+    finally:
+        torch.set_num_threads(previous)
+    return rows
+
+
+# ---------------------------------------------------------------- section 6: notebook suite
+
+def notebook_durations(junit_xml: Path) -> list[dict]:
+    """Seconds per notebook (its cells summed) from a pytest JUnit XML report of an nbval run."""
+    totals: dict[str, float] = {}
+    for case in ElementTree.parse(junit_xml).getroot().iter("testcase"):
+        name = case.get("file") or case.get("classname", "")
+        if ".ipynb" not in name and "ipynb" not in case.get("classname", ""):
+            continue
+        notebook = Path(name.replace(".", "/")).name if not name.endswith(".ipynb") else Path(name).name
+        totals[notebook] = totals.get(notebook, 0.0) + float(case.get("time", 0.0))
+    return [{"notebook": name, "seconds": seconds} for name, seconds in sorted(totals.items())]
+
+
+def notebook_suite() -> list[dict]:
+    """Run every notebook as the test suite does and report each one's wall time."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "notebooks.xml"
+        subprocess.run([sys.executable, "-m", "pytest", "notebooks", "-q", f"--junitxml={report}",
+                        "-o", "junit_family=xunit1"], cwd=PROJECT, check=False, capture_output=True)
+        rows = notebook_durations(report)
+    rows.append({"notebook": "total", "seconds": sum(r["seconds"] for r in rows)})
+    return rows
+
+
+# ---------------------------------------------------------------- the command
+
+def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[], list[dict]], list[str]]]:
+    repeat = 12 if quick else 40
+    sizes = dict(width=256, depth=20, batch=128) if quick else dict(width=1024, depth=20, batch=256)
+    return [
+        ("1. Loop overhead (helpers.loop.train_epoch vs the hand-written loop)",
+         lambda: loop_overhead(device, repeat=repeat), ["case", "hand samples/s", "helpers samples/s", "ratio"]),
+        ("2. DataLoader on PNG files",
+         lambda: dataloader_throughput(device, workers=(0, 2) if quick else (0, 1, 2),
+                                       batch_sizes=(64,) if quick else (32, 128), epochs=2),
+         ["batch", "workers", "pin_memory", "persistent", "samples/s", "last epoch start (ms)"]),
+        ("3. Activation checkpointing (deep Linear stack)",
+         lambda: activation_checkpointing(device, segments=(0, 2, 5, 10), repeat=max(3, repeat // 4), **sizes),
+         ["segments", "saved after forward", "peak saved in step", "memory ratio", "step ms", "time ratio"]
+         + (["CUDA peak"] if device.type == "cuda" else [])),
+        ("4. Mixed precision (SmallCNN, 28x28)",
+         lambda: mixed_precision(device, batch=64 if quick else 256, repeat=max(3, repeat // 2)),
+         ["precision", "step ms", "time ratio", "saved bytes", "memory ratio"]
+         + (["CUDA peak"] if device.type == "cuda" else [])),
+        ("5. Inference (SmallCNN, 28x28)",
+         lambda: inference(device, batch_sizes=(1, 64) if quick else (1, 16, 64, 256),
+                           threads=sorted({1, os.cpu_count() or 1}), repeat=repeat),
+         ["threads", "batch", "mode", "latency ms", "samples/s", "speed-up vs plain"]),
+    ]
+
+
+def _bytes_columns(rows: list[dict]) -> list[dict]:
+    keys = ("saved after forward", "peak saved in step", "saved bytes", "CUDA peak")
+    return [{k: (format_bytes(v) if k in keys else v) for k, v in row.items()} for row in rows]
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Run the suite, print a table per section and a summary, write the figures as JSON."""
+    from tqdm.auto import tqdm
+
+    parser = argparse.ArgumentParser(prog="python -m helpers.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a reduced run, under a minute on a 2-core CPU")
+    parser.add_argument("--json", default=str(PROJECT / "bench-results.json"), help="where to write the figures")
+    parser.add_argument("--skip-notebooks", action="store_true", help="leave out section 6 (the notebook suite)")
+    args = parser.parse_args(argv)
+
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    results: dict = {"quick": args.quick, "machines": {}, "sections": {}}
+    plan = [(device, *section) for device in devices for section in _sections(device, args.quick)]
+    with tqdm(total=len(plan) + (0 if args.quick or args.skip_notebooks else 1), desc="bench", unit="section") as bar:
+        for device, title, run, columns in plan:
+            info = machine_info(device)
+            results["machines"][device.type] = info
+            bar.set_postfix_str(f"{title.split('(')[0].strip()} on {device.type}")
+            rows = [{"device": device.type, **row} for row in run()]
+            results["sections"].setdefault(title, []).extend(rows)
+            tqdm.write(f"\n{format_table(_bytes_columns(rows), columns, title=f'{title} on {device.type}')}")
+            tqdm.write(machine_line(info))
+            bar.update(1)
+        if not args.quick and not args.skip_notebooks:
+            title = "6. Notebook suite (wall time under the test run)"
+            bar.set_postfix_str("notebook suite")
+            rows = notebook_suite()
+            results["sections"][title] = rows
+            tqdm.write(f"\n{format_table(rows, ['notebook', 'seconds'], title=title)}")
+            tqdm.write(machine_line(machine_info(devices[0])))
+            bar.update(1)
+    if args.quick or args.skip_notebooks:
+        print("\n6. Notebook suite: skipped (run without --quick, or see `make test`'s durations)")
+
+    loop_rows = results["sections"][next(t for t in results["sections"] if t.startswith("1."))]
+    checkpoint_rows = results["sections"][next(t for t in results["sections"] if t.startswith("3."))]
+    precision_rows = results["sections"][next(t for t in results["sections"] if t.startswith("4."))]
+    worst = min(row["ratio"] for row in loop_rows)
+    results["summary"] = {"loop_ratio_min": worst}
+    Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    print("\nSummary")
+    last = devices[-1].type
+    checkpoint_rows = [row for row in checkpoint_rows if row["device"] == last]
+    ten = max(checkpoint_rows, key=lambda row: row["segments"])
+    bf16 = next(row for row in precision_rows if row["precision"] == "bf16" and row["device"] == last)
+    print(f"  on {last}: activation checkpointing, {ten['segments']} segments: {ten['memory ratio']:.3f}x the saved bytes, "
+          f"{ten['time ratio']:.3f}x the step time")
+    print(f"  bf16 autocast: {bf16['memory ratio']:.3f}x the saved bytes, {bf16['time ratio']:.3f}x the step time")
+    print(f"  figures written to {args.json}")
+    print(f"loop throughput ratio (helpers/hand-written): {worst:.3f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
