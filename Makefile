@@ -22,6 +22,7 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
 test: $(STAMP)
+	@bash scripts/ensure-chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The performance table: `make bench`, or `make bench BENCH_ARGS=--quick` for the one-minute version.

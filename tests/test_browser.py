@@ -1,0 +1,283 @@
+"""The notebooks as a learner uses them: JupyterLab in a real (headless) browser.
+
+nbval runs every cell but never renders a widget or moves a slider. This test starts JupyterLab on a
+temporary copy of `notebooks/`, opens each notebook in Chromium through Playwright, checks that its
+knobs render, then runs notebook 02 in full, moves a knob and checks that the next run uses the new value.
+Screenshots land in `.screenshots/` (git-ignored).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / ".screenshots"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+TRAINING_NOTEBOOK = "02_training_loop.ipynb"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+CELL_TIMEOUT_MS = 180_000
+
+
+def _chromium() -> str | None:
+    for name in (os.environ.get("CHROMIUM_PATH"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _write_settings(folder: Path) -> None:
+    settings = {
+        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                            "checkForUpdates": False},
+        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    }
+    for name, value in settings.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = _chromium()
+    if path is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium; or set CHROMIUM_PATH); "
+                    "`make test` tries to install it")
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 over a copy of notebooks/, no token, fresh settings; stopped whatever happens."""
+    base = tmp_path_factory.mktemp("lab")
+    served = base / "notebooks"
+    shutil.copytree(ROOT / "notebooks", served)
+    _write_settings(base / "settings")
+    port = _free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+           "JUPYTER_PLATFORM_DIRS": "1"}
+    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
+               "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={served}",
+               f"--LabApp.user_settings_dir={base / 'settings'}", f"--LabApp.workspaces_dir={base / 'workspaces'}",
+               "--LabApp.news_url=", "--ServerApp.open_browser=False"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")
+    log = open(base / "jupyter.log", "w")
+    server = subprocess.Popen(command, cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{url}/api/status", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"JupyterLab did not start: {(base / 'jupyter.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield {"url": url, "root": served}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def _shutdown_kernels(url: str) -> None:
+    with urllib.request.urlopen(f"{url}/api/kernels", timeout=10) as response:
+        kernels = json.load(response)
+    for kernel in kernels:
+        request = urllib.request.Request(f"{url}/api/kernels/{kernel['id']}", method="DELETE")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(request, timeout=10).close()
+
+
+class Session:
+    """One notebook open in one browser page; every step is named so a failure says where it happened."""
+
+    def __init__(self, browser, lab: dict, notebook: str) -> None:
+        self.notebook, self.lab = notebook, lab
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.set_default_timeout(60_000)
+        self.shots = 0
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        try:
+            yield
+        except Exception as error:
+            self.screenshot(f"FAILED-{name}")
+            raise AssertionError(f"{self.notebook}: step '{name}' failed: {error}") from error
+
+    def screenshot(self, label: str) -> Path:
+        SCREENSHOTS.mkdir(exist_ok=True)
+        self.shots += 1
+        path = SCREENSHOTS / f"{Path(self.notebook).stem}-{self.shots}-{re.sub(r'[^A-Za-z0-9_-]+', '-', label)}.png"
+        with contextlib.suppress(Exception):
+            self.page.screenshot(path=str(path), full_page=False)
+        return path
+
+    def open(self) -> None:
+        with self.step("open notebook"):
+            self.page.goto(f"{self.lab['url']}/lab/tree/{self.notebook}?reset")
+            self.page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached")
+            expected = len(nbformat.read(self.lab["root"] / self.notebook, as_version=4).cells)
+            self.page.wait_for_function(
+                f"document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell').length >= {expected}")
+            self.wait_kernel_ready()
+
+    def wait_kernel_ready(self, timeout_s: float = 120) -> None:
+        """Run the first code cell (the parameters) until the kernel answers: key presses made while the
+        kernel is still connecting are dropped, and the status indicator alone does not tell."""
+        cells = nbformat.read(self.lab["root"] / self.notebook, as_version=4).cells
+        first = next(i for i, c in enumerate(cells) if c.cell_type == "code")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.select(first)
+            self.page.keyboard.press("Control+Enter")
+            with contextlib.suppress(TimeoutError):
+                self.wait_executed(first, timeout_ms=5_000)
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the kernel did not answer within {timeout_s:.0f} s")
+
+    def cell(self, index: int):
+        return self.page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").nth(index)
+
+    def select(self, index: int) -> None:
+        self.cell(index).locator(".jp-InputPrompt").click()
+        self.page.keyboard.press("Escape")
+
+    def run_through(self, index: int) -> None:
+        """Run cells 0..index as a learner does: Shift+Enter from the top, Ctrl+Enter on the last one."""
+        self.select(0)
+        for _ in range(index):
+            self.page.keyboard.press("Shift+Enter")
+        self.page.keyboard.press("Control+Enter")
+
+    def wait_executed(self, index: int, timeout_ms: int = CELL_TIMEOUT_MS) -> None:
+        prompt = self.cell(index).locator(".jp-InputPrompt")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell {index} did not finish within {timeout_ms / 1000:.0f} s")
+            time.sleep(0.25)
+
+    def assert_no_errors(self) -> None:
+        text = self.page.locator(".jp-NotebookPanel .jp-OutputArea").all_inner_texts()
+        joined = "\n".join(text)
+        assert "Error displaying widget" not in joined, "a widget failed to render"
+        assert "Traceback (most recent call last)" not in joined, \
+            f"a cell shows an error: {joined[joined.find('Traceback') - 300:][:800]}"
+
+    def close(self) -> None:
+        self.page.close()
+        _shutdown_kernels(self.lab["url"])
+
+
+def _knob_cell(path: Path) -> int:
+    cells = nbformat.read(path, as_version=4).cells
+    return next(i for i, c in enumerate(cells)
+                if c.cell_type == "code" and "nbval-ignore-output" in c.metadata.get("tags", [])
+                and "knob_panel" in c.source)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_knobs_render_in_jupyterlab(browser, lab, path):
+    session = Session(browser, lab, path.name)
+    try:
+        session.open()
+        knobs = _knob_cell(path)
+        with session.step("run the cells up to the knobs"):
+            session.run_through(knobs)
+            session.wait_executed(knobs)
+        with session.step("knobs render"):
+            panel = session.cell(knobs).locator(".jp-OutputArea")
+            panel.locator(".widget-vbox").first.wait_for(state="visible", timeout=30_000)
+            assert panel.locator("button", has_text="Run").count() == 1, "no Run button under the knobs"
+            controls = panel.locator(".widget-slider, .widget-dropdown, .widget-checkbox").count()
+            assert controls >= 1, "no slider, dropdown or checkbox rendered"
+            session.cell(knobs).scroll_into_view_if_needed()
+            session.assert_no_errors()
+        session.screenshot("knobs")
+    finally:
+        session.close()
+
+
+def _slider(panel, pattern: str):
+    sliders = panel.locator(".widget-slider")
+    for index in range(sliders.count()):
+        slider = sliders.nth(index)
+        if re.search(pattern, slider.locator(".widget-label").inner_text(), re.IGNORECASE):
+            return slider
+    raise AssertionError(f"no slider whose label matches {pattern!r}")
+
+
+@pytest.mark.skipif(not (ROOT / "notebooks" / TRAINING_NOTEBOOK).exists(), reason=f"{TRAINING_NOTEBOOK} not present")
+def test_training_notebook_runs_and_a_knob_changes_the_result(browser, lab):
+    path = ROOT / "notebooks" / TRAINING_NOTEBOOK
+    cells = nbformat.read(path, as_version=4).cells
+    last = max(i for i, c in enumerate(cells) if c.cell_type == "code")
+    knobs = _knob_cell(path)
+    session = Session(browser, lab, TRAINING_NOTEBOOK)
+    try:
+        session.open()
+        with session.step("run all cells"):
+            session.run_through(last)
+            session.wait_executed(last, timeout_ms=240_000)
+            session.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        with session.step("no cell shows an error"):
+            session.assert_no_errors()
+        session.screenshot("ran-all")
+        panel = session.cell(knobs).locator(".jp-OutputArea")
+        with session.step("move the epochs knob with the keyboard"):
+            slider = _slider(panel, r"epoch")
+            before = int(slider.locator(".widget-readout").inner_text())
+            slider.locator(".noUi-handle").focus()
+            session.page.keyboard.press("ArrowRight" if before == 1 else "ArrowLeft")
+            after = int(slider.locator(".widget-readout").inner_text())
+            assert after != before, f"the slider stayed at {before}"
+        with session.step("press Run and read the new result"):
+            panel.locator("button", has_text="Run").click()
+            result = panel.locator(".widget-output")
+            result.get_by_text(re.compile(rf"\b{after} epochs?\b")).first.wait_for(timeout=CELL_TIMEOUT_MS)
+            text = result.inner_text()
+            assert re.search(rf"\b{after} epochs?\b", text), f"the output does not mention {after} epochs: {text[-500:]}"
+            assert not re.search(rf"\b{before} epochs?\b", text), f"the output still reports {before} epochs"
+            session.assert_no_errors()
+        session.cell(knobs).scroll_into_view_if_needed()
+        session.screenshot("knob-moved")
+    finally:
+        session.close()
