@@ -1,6 +1,7 @@
 """Plots: live training curves that update in place in Jupyter, and charts for measurement tables."""
 from __future__ import annotations
 
+import io
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -19,8 +20,9 @@ def _in_notebook() -> bool:
 class LivePlot:
     """Curves of named metrics against epoch (or step), redrawn in place after each `update`.
 
-    In Jupyter the figure is shown once and then updated through a display handle; elsewhere it is
-    just a matplotlib Figure (`.figure`) that a script can save.
+    In Jupyter the figure is drawn into an ipywidgets Image, whose picture is replaced on every update
+    (this also works under a knob panel's Run button, where display-handle updates are lost); elsewhere
+    it is just a matplotlib Figure (`.figure`) that a script can save.
     """
 
     def __init__(self, metrics: Sequence[str], *, x: str = "epoch", title: str | None = None) -> None:
@@ -34,11 +36,13 @@ class LivePlot:
         self.axes = list(axes[0])
         if title:
             self.figure.suptitle(title)
-        self._handle = None
+        self._image = None
         if _in_notebook():
+            import ipywidgets
             from IPython.display import display
 
-            self._handle = display(self.figure, display_id=True)
+            self._image = ipywidgets.Image(format="png", layout={"width": f"{int(100 * 5 * len(self.groups))}px"})
+            display(self._image)
 
     def update(self, row: Mapping[str, float]) -> None:
         """Add one row (a dict with the x key and any of the metrics) and redraw."""
@@ -55,12 +59,19 @@ class LivePlot:
             if ax.lines:
                 ax.legend()
         self.figure.tight_layout()
-        if self._handle is not None:
-            self._handle.update(self.figure)
+        if self._image is not None:
+            self._image.value = figure_png(self.figure)
 
     def close(self) -> None:
         """Stop drawing: in Jupyter the last frame stays in the output."""
         plt.close(self.figure)
+
+
+def figure_png(figure: Figure, dpi: int = 100) -> bytes:
+    """The figure rendered as PNG bytes."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
 
 
 def line_chart(x: Sequence[float], series: Mapping[str, Sequence[float]], *, xlabel: str, ylabel: str,

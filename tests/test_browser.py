@@ -80,7 +80,9 @@ def lab(tmp_path_factory):
     shutil.copytree(ROOT / "notebooks", served)
     _write_settings(base / "settings")
     port = _free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+    # A learner's kernel draws inline; the Agg backend the unit tests set would turn plots into text.
+    env = {key: value for key, value in os.environ.items() if key != "MPLBACKEND"}
+    env = {**env, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
            "JUPYTER_PLATFORM_DIRS": "1"}
     command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
@@ -277,6 +279,11 @@ def test_training_notebook_runs_and_a_knob_changes_the_result(browser, lab):
             assert re.search(rf"\b{after} epochs?\b", text), f"the output does not mention {after} epochs: {text[-500:]}"
             assert not re.search(rf"\b{before} epochs?\b", text), f"the output still reports {before} epochs"
             session.assert_no_errors()
+        with session.step("the live plot is drawn"):
+            picture = result.locator("img").first
+            picture.wait_for(state="visible", timeout=30_000)
+            assert picture.evaluate("img => img.complete && img.naturalWidth > 100"), "the live plot is not an image"
+            assert "Figure size" not in text, "the plot was printed as text instead of drawn"
         session.cell(knobs).scroll_into_view_if_needed()
         session.screenshot("knob-moved")
     finally:

@@ -85,3 +85,10 @@ def test_knob_panel_runs_the_experiment_with_current_values():
 def test_knob_panel_refuses_bad_starting_values():
     with pytest.raises(ValueError, match="epochs"):
         widgets.knob_panel(lambda **kw: None, SPEC, {**GOOD, "epochs": 99})
+
+
+def test_figure_png_renders_bytes():
+    from helpers.plots import figure_png
+
+    png = figure_png(bar_chart({"a": 1.0}, ylabel="y"))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
