@@ -70,7 +70,10 @@ class _Saved:
     __slots__ = ("meter", "key", "tensor")
 
     def __init__(self, meter: SavedTensorsMeter, key, tensor: torch.Tensor) -> None:
-        self.meter, self.key, self.tensor = meter, key, tensor
+        # Keep a detached alias (same storage, no grad_fn): holding a saved *output* itself would make a
+        # cycle output -> grad_fn -> this object -> output that Python's collector cannot see through,
+        # so a graph dropped without backward() would never be freed.
+        self.meter, self.key, self.tensor = meter, key, tensor.detach()
         meter._add(key, tensor.untyped_storage().nbytes())
 
     def __del__(self) -> None:
@@ -87,6 +90,7 @@ def saved_tensors_meter(exclude: nn.Module | Iterable[torch.Tensor] | None = Non
 
     Pass the model (or its parameters) as `exclude` to leave out weights, which autograd also saves
     (Linear saves `weight.t()`, a view of the parameter's storage): they are matched by storage pointer.
+    Saved values are kept as detached aliases, so it is for first-order backward (not create_graph=True).
     """
     if exclude is None:
         tensors: list[torch.Tensor] = []

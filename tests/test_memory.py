@@ -107,3 +107,29 @@ def test_format_bytes(value, text):
 def test_format_bytes_rejects_non_numbers():
     with pytest.raises(TypeError, match="num_bytes"):
         format_bytes("12")
+
+
+def test_meter_frees_a_graph_dropped_without_backward():
+    import gc
+
+    model = deep_linear_stack(16, 3)
+    with saved_tensors_meter(exclude=model) as meter:
+        output = model(torch.randn(4, 16))
+        assert meter.live_bytes == 4 * 4 * 16 * 4
+        del output
+        gc.collect()
+        assert meter.live_bytes == 0
+
+
+def test_gradients_under_the_meter_equal_plain_gradients():
+    torch.manual_seed(0)
+    model = deep_linear_stack(8, 3)
+    x = torch.randn(5, 8, requires_grad=True)
+    model(x).pow(2).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    with saved_tensors_meter(exclude=model):
+        model(x).pow(2).sum().backward()
+    metered = [p.grad for p in model.parameters()] + [x.grad]
+    assert all(torch.equal(a, b) for a, b in zip(plain, metered))
