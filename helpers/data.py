@@ -225,6 +225,150 @@ def make_loader(dataset: Dataset, *, batch_size: int = 64, shuffle: bool = False
     )
 
 
+class VariableLengthSequences(Dataset):
+    """Token sequences of random length (1-D int64 tensors; 0 is left free for padding) with a 0/1 label.
+
+    The label says whether a sequence is longer than the middle of [min_length, max_length], so a model
+    has to look at the length. Fixed by `seed`, so the same arguments always give the same data.
+    """
+
+    def __init__(self, size: int = 100, *, min_length: int = 2, max_length: int = 12, vocab_size: int = 20,
+                 seed: int = 0) -> None:
+        _check_int("size", size, 1)
+        _check_int("min_length", min_length, 1)
+        _check_int("vocab_size", vocab_size, 2)
+        _check_int("seed", seed, 0)
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < min_length:
+            raise ValueError(f"max_length must be an int >= min_length={min_length}, got {max_length!r}")
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(min_length, max_length + 1, (size,), generator=generator)
+        self.sequences = [torch.randint(1, vocab_size, (int(n),), generator=generator) for n in lengths]
+        self.labels = (lengths > (min_length + max_length) / 2).long()
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.sequences[index], int(self.labels[index])
+
+
+def pad_collate(batch: Sequence[tuple[torch.Tensor, int]], padding_value: float = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """collate_fn for (sequence, label) samples of different lengths: (padded [B, max_len, ...], lengths [B], labels [B]).
+
+    Pass a different `padding_value` with functools.partial(pad_collate, padding_value=...), which
+    also pickles for spawn-started workers.
+    """
+    from torch.nn.utils.rnn import pad_sequence
+
+    if len(batch) == 0:
+        raise ValueError("batch must hold at least one (sequence, label) sample, got an empty batch")
+    for position, sample in enumerate(batch):
+        if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+            raise TypeError(f"each sample must be a (sequence, label) pair, got {type(sample).__name__} "
+                            f"at position {position}")
+        if not isinstance(sample[0], torch.Tensor) or sample[0].ndim == 0:
+            raise TypeError(f"each sequence must be a tensor with a length dimension, got "
+                            f"{type(sample[0]).__name__} at position {position}")
+    sequences = [sample[0] for sample in batch]
+    lengths = torch.tensor([len(sequence) for sequence in sequences])
+    padded = pad_sequence(sequences, batch_first=True, padding_value=padding_value)
+    labels = torch.as_tensor([sample[1] for sample in batch])
+    return padded, lengths, labels
+
+
+RNG_SOURCES = ("torch", "numpy", "random", "generator")
+
+
+def shift_image(image: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """Move an image [..., H, W] by dy rows and dx columns, filling the uncovered border with zeros."""
+    height, width = image.shape[-2:]
+    if abs(dy) >= height or abs(dx) >= width:
+        raise ValueError(f"shift (dy={dy}, dx={dx}) must be smaller than the image ({height}x{width})")
+    shifted = torch.zeros_like(image)
+    shifted[..., max(dy, 0):height + min(dy, 0), max(dx, 0):width + min(dx, 0)] = \
+        image[..., max(-dy, 0):height + min(-dy, 0), max(-dx, 0):width + min(-dx, 0)]
+    return shifted
+
+
+class RandomShiftDataset(Dataset):
+    """Wraps an (image, label) dataset: each access shifts the image by a random (dy, dx) in [-max_shift, max_shift].
+
+    Samples are dicts with the image, the label, the `shift` drawn, the `worker` that drew it (-1 in the
+    main process) and that process's `pid`, so a notebook can see which worker made which augmentation.
+    `rng` says where the random numbers come from: the global 'torch', 'numpy' or 'random' generators
+    (the DataLoader seeds all three in each worker), or 'generator': a numpy Generator made here in
+    __init__ from `seed`, which every worker inherits as an identical copy unless a worker_init_fn such
+    as `reseed_dataset_generator` gives each worker its own.
+    """
+
+    def __init__(self, base: Dataset, *, max_shift: int = 2, rng: str = "torch", seed: int = 0) -> None:
+        if not isinstance(base, Dataset):
+            raise TypeError(f"base must be a torch.utils.data.Dataset, got {type(base).__name__}")
+        _check_int("max_shift", max_shift, 0)
+        if rng not in RNG_SOURCES:
+            raise ValueError(f"rng must be one of {RNG_SOURCES}, got {rng!r}")
+        _check_int("seed", seed, 0)
+        self.base, self.max_shift, self.rng = base, max_shift, rng
+        self.generator = np.random.default_rng(seed) if rng == "generator" else None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def _draw(self) -> tuple[int, int]:
+        low, high = -self.max_shift, self.max_shift
+        if self.rng == "torch":
+            dy, dx = torch.randint(low, high + 1, (2,)).tolist()
+        elif self.rng == "numpy":
+            dy, dx = np.random.randint(low, high + 1, size=2).tolist()
+        elif self.rng == "random":
+            dy, dx = random.randint(low, high), random.randint(low, high)
+        else:
+            dy, dx = self.generator.integers(low, high + 1, size=2).tolist()
+        return dy, dx
+
+    def __getitem__(self, index: int) -> dict:
+        from torch.utils.data import get_worker_info
+
+        image, label = self.base[index]
+        dy, dx = self._draw()
+        info = get_worker_info()
+        return {"image": shift_image(image, dy, dx), "label": label, "shift": torch.tensor([dy, dx]),
+                "worker": -1 if info is None else info.id, "pid": os.getpid()}
+
+
+def reseed_dataset_generator(worker_id: int) -> None:
+    """worker_init_fn: give this worker's copy of the dataset its own numpy Generator, seeded with the worker's seed."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is None:
+        raise RuntimeError("reseed_dataset_generator runs inside a DataLoader worker; pass it as worker_init_fn")
+    if getattr(info.dataset, "generator", None) is None:
+        raise TypeError(f"the worker's dataset ({type(info.dataset).__name__}) has no numpy `generator` to reseed")
+    info.dataset.generator = np.random.default_rng(info.seed)
+
+
+class SlowDataset(Dataset):
+    """Wraps a dataset and sleeps `delay_s` seconds on each access: slow storage, or a reader that got stuck."""
+
+    def __init__(self, base: Dataset, delay_s: float) -> None:
+        if not isinstance(base, Dataset):
+            raise TypeError(f"base must be a torch.utils.data.Dataset, got {type(base).__name__}")
+        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not delay_s >= 0:
+            raise ValueError(f"delay_s must be a number >= 0, got {delay_s!r}")
+        self.base, self.delay_s = base, float(delay_s)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        import time
+
+        time.sleep(self.delay_s)
+        return self.base[index]
+
+
 def _main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
