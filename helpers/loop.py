@@ -85,7 +85,7 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
     `loss_fn` must return the mean loss over its batch. With accumulation, each micro-batch's loss is
     weighted by its share of the samples in its group, so every update equals the one-big-batch update,
     also for a last group with fewer (or smaller) micro-batches. `scheduler`, if given, is stepped after
-    every optimizer step. Pass `scaler` to keep one GradScaler across epochs (fit does).
+    every optimizer step that happened (not after one GradScaler skipped). Pass `scaler` to keep one GradScaler across epochs (fit does).
     """
     device = _check_device(device)
     if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
@@ -134,13 +134,17 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
             if scaler is not None:
                 scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        stepped = True
         if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
+            scale_before = scaler.get_scale() if scheduler is not None else None
+            scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
+            scaler.update()         # ...and then the scale is lowered
+            if scale_before is not None:
+                stepped = scaler.get_scale() >= scale_before
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
+        if scheduler is not None and stepped:
             scheduler.step()
         optimizer_steps += 1
     if device.type == "cuda":

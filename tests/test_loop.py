@@ -203,3 +203,19 @@ def test_fit_with_live_plot_outside_jupyter(digits):
                   LOSS, device="cpu", epochs=2, val_loader=make_loader(digits[1], batch_size=256),
                   live_plot=True, progress=True)
     assert len(history) == 2
+
+
+def test_scheduler_does_not_step_when_the_grad_scaler_skips():
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    before = model.weight.detach().clone()
+    poisoned = TensorDataset(torch.full((4, 4), float("inf")), torch.zeros(4, dtype=torch.long))
+    train_epoch(model, make_loader(poisoned, batch_size=4), optimizer, LOSS, device="cpu", amp="fp16",
+                scheduler=scheduler, progress=False)
+    assert torch.equal(model.weight.detach(), before)  # the step was skipped...
+    assert optimizer.param_groups[0]["lr"] == 1.0      # ...and so was the schedule
+    clean = TensorDataset(torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
+    train_epoch(model, make_loader(clean, batch_size=4), optimizer, LOSS, device="cpu", amp="fp16",
+                scheduler=scheduler, progress=False)
+    assert optimizer.param_groups[0]["lr"] == 0.5
