@@ -24,40 +24,14 @@ from .devices import cpu_name, seed_everything
 from .loop import autocast_context, train_epoch
 from .memory import format_bytes, peak_memory, saved_tensors_meter
 from .models import MLP, SmallCNN, deep_linear_stack
-from .timing import median, median_ratio, time_call, time_interleaved
+from .tables import format_table
+from .timing import median, median_ratio, time_interleaved
 
 LOSS = nn.CrossEntropyLoss()
 PROJECT = Path(__file__).resolve().parent.parent
 
 
-# ---------------------------------------------------------------- tables and ratios (unit-tested)
-
-def format_table(rows: Sequence[dict], columns: Sequence[str], *, title: str = "") -> str:
-    """A plain-text table: one row per dict, one column per key, floats to 3 significant digits."""
-    if not columns:
-        raise ValueError("columns must name at least one column")
-
-    def cell(value) -> str:
-        if isinstance(value, float):
-            return f"{value:.3f}" if 0.001 <= abs(value) < 1000 else f"{value:.3g}"
-        return "" if value is None else str(value)
-
-    text = [[cell(row.get(column)) for column in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in text]) for i, c in enumerate(columns)]
-    lines = [title] if title else []
-    lines.append("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(r, widths)) for r in text]
-    return "\n".join(lines)
-
-
-def _numeric(text: str) -> bool:
-    try:
-        float(text.replace(" KiB", "").replace(" MiB", ""))
-        return True
-    except ValueError:
-        return False
-
+# ---------------------------------------------------------------- ratios and the machine (unit-tested)
 
 def throughput_ratio(helper_seconds: Sequence[float], hand_seconds: Sequence[float]) -> float:
     """Helper throughput / hand-written throughput, as the median of the per-repetition ratios.

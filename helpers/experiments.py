@@ -18,6 +18,7 @@ from .devices import pick_device, seed_everything
 from .loop import fit
 from .models import MLP
 from .optim import make_optimizer
+from .tables import format_table
 
 DIGITS_DEFAULTS = {"lr": 0.05, "epochs": 5, "batch_size": 32, "optimizer": "sgd"}
 DIGITS_OPTIMIZER_OPTIONS: dict[str, dict[str, Any]] = {
@@ -31,16 +32,15 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 
 def text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """Rows as an aligned plain-text table (numbers right-aligned), with a rule under the headers."""
+    """Rows given as sequences (not dicts) as an aligned plain-text table; see helpers.tables.format_table."""
     headers = [str(h) for h in headers]
-    cells = [[str(cell) for cell in row] for row in rows]
-    for row in cells:
+    records = []
+    for row in rows:
+        row = list(row)
         if len(row) != len(headers):
             raise ValueError(f"each row must have {len(headers)} cells like the headers, got {len(row)}: {row}")
-    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
+        records.append({h: str(cell) for h, cell in zip(headers, row)})
+    return format_table(records, headers)
 
 
 # ---------------------------------------------------------------- the training-loop notebook

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .timing import median, synchronize, time_interleaved
+from .tables import format_table  # noqa: F401  (re-exported: notebooks import it from here)
 
 GRAD_MODES = ("plain", "no_grad", "inference_mode")
 
@@ -213,27 +214,6 @@ def series_by(rows: Sequence[Mapping], *, x: str, y: str, group: str, label: str
             raise ValueError(f"{group}={value!r} lacks rows for {x} in {sorted(set(xs) - set(points))}")
         series[label.format(value)] = [points[v] for v in xs]
     return xs, series
-
-
-def format_table(rows: Sequence[Mapping], columns: Sequence[str], *,
-                 formats: Mapping[str, str] | None = None) -> str:
-    """Rows of dicts as an aligned plain-text table; `formats` maps a column to a format such as '{:.2f}'."""
-    if not columns:
-        raise ValueError("columns must name at least one column")
-    formats = dict(formats or {})
-    unknown = set(formats) - set(columns)
-    if unknown:
-        raise ValueError(f"formats names columns not in columns: {sorted(unknown)}")
-    cells = [[str(c) for c in columns]]
-    for number, row in enumerate(rows):
-        missing = [c for c in columns if c not in row]
-        if missing:
-            raise ValueError(f"row {number} lacks the columns {missing}")
-        cells.append([formats.get(c, "{}").format(row[c]) for c in columns])
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(text.rjust(width) for text, width in zip(line, widths)) for line in cells]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
 
 
 def compare_compiled(model: nn.Module, batch: torch.Tensor, *, repeat: int = 5, warmup: int = 1,

@@ -5,21 +5,6 @@ import torch
 from helpers import bench
 
 
-def test_format_table_aligns_columns_and_formats_numbers():
-    rows = [{"case": "MLP", "ratio": 0.99512, "n": 3}, {"case": "CNN, bar", "ratio": 1.5, "n": None}]
-    text = bench.format_table(rows, ["case", "ratio", "n"], title="t")
-    lines = text.splitlines()
-    assert lines[0] == "t"
-    assert lines[1].split() == ["case", "ratio", "n"]
-    assert "0.995" in lines[3] and "1.500" in lines[4]
-    assert len({len(line) for line in lines[1:]}) == 1  # every row as wide as the header
-
-
-def test_format_table_needs_columns():
-    with pytest.raises(ValueError, match="columns"):
-        bench.format_table([{"a": 1}], [])
-
-
 def test_throughput_ratio_is_hand_time_over_helper_time():
     # helpers take 10% longer in every repetition: 1/1.1 of the throughput
     assert bench.throughput_ratio([1.1, 2.2, 3.3], [1.0, 2.0, 3.0]) == pytest.approx(1 / 1.1)
