@@ -184,47 +184,30 @@ def activation_checkpointing(device: torch.device, *, width: int, depth: int, ba
 
 def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[dict]:
     """Step time and saved-activation bytes, fp32 against bf16 (and fp16 with GradScaler on CUDA)."""
-    modes = [None, "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    from .experiments_accumulation import AMP_OF, precisions_for, time_training_steps
+
+    precisions = precisions_for(device)
     seed_everything(0)
+    model = SmallCNN(channels=32).to(device)
     inputs = torch.rand(batch, 1, 28, 28, device=device)
     targets = torch.randint(0, 10, (batch,), device=device)
-    setups = {}
-    for amp in modes:
-        seed_everything(0)
-        model = SmallCNN(channels=32).to(device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
-        setups[amp] = (model, optimizer, scaler)
-
-    def step(amp) -> None:
-        model, optimizer, scaler = setups[amp]
-        with autocast_context(device, amp):
-            loss = LOSS(model(inputs), targets)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    seconds = time_interleaved({str(amp): (lambda a=amp: step(a)) for amp in modes}, repeat=repeat, warmup=2,
-                               device=device)
+    seconds = time_training_steps(model, inputs, targets, precisions=precisions, device=device, repeat=repeat,
+                                  warmup=2)
     rows = []
-    for amp in modes:
-        model = setups[amp][0]
+    for name in precisions:
+        amp = AMP_OF[name]
         with saved_tensors_meter(exclude=model) as meter, autocast_context(device, amp):
-            LOSS(model(inputs), targets)
-        row = {"precision": amp or "fp32", "step ms": 1e3 * median(seconds[str(amp)]),
-               "saved bytes": meter.bytes}
+            loss = LOSS(model(inputs), targets)
+        row = {"precision": name, "step ms": 1e3 * median(seconds[name]), "saved bytes": meter.bytes,
+               "time ratio": median_ratio(seconds[name], seconds["fp32"])}
         if device.type == "cuda":
-            with peak_memory(device) as peak:
-                step(amp)
+            with peak_memory(device) as peak, autocast_context(device, amp):
+                LOSS(model(inputs), targets).backward()
+            model.zero_grad(set_to_none=True)
             row["CUDA peak"] = peak.bytes
+        del loss
         rows.append(row)
-    for row, amp in zip(rows, modes):
-        row["time ratio"] = median_ratio(seconds[str(amp)], seconds["None"])
+    for row in rows:
         row["memory ratio"] = row["saved bytes"] / rows[0]["saved bytes"]
     return rows
 

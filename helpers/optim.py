@@ -38,24 +38,23 @@ def make_optimizer(name: str, params: Iterable, lr: float, **kwargs) -> torch.op
     return OPTIMIZERS[name.lower()](params, lr=lr, **kwargs)
 
 
-def freeze(module: nn.Module) -> int:
-    """Stop training `module`: requires_grad=False on its parameters; return how many tensors were frozen."""
+def _set_trainable(module: nn.Module, trainable: bool) -> int:
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
     params = list(module.parameters())
     for param in params:
-        param.requires_grad_(False)
+        param.requires_grad_(trainable)
     return len(params)
+
+
+def freeze(module: nn.Module) -> int:
+    """Stop training `module`: requires_grad=False on its parameters; return how many tensors were frozen."""
+    return _set_trainable(module, False)
 
 
 def unfreeze(module: nn.Module) -> int:
     """Train `module` again: requires_grad=True on its parameters; return how many tensors were unfrozen."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-    params = list(module.parameters())
-    for param in params:
-        param.requires_grad_(True)
-    return len(params)
+    return _set_trainable(module, True)
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
