@@ -1,0 +1,660 @@
+"""helpers.checkpoint and helpers.resume: atomic saves, safe checked loads, exact resume, SIGKILL at any moment."""
+import os
+import pickle
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from helpers import checkpoint as ckpt
+from helpers.checkpoint import (CheckpointError, CheckpointManager, capture_rng_state, load_checkpoint,
+                                read_checkpoint, restore_rng_state, save_checkpoint, unwrap_model)
+from helpers.models import MLP
+from helpers.resume import ResumableSampler, build_run, train
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = {"steps": 120, "save_every": 10, "seed": 3}   # 43 steps per epoch (1347 samples, batch 32)
+
+
+def _training_objects(seed: int = 0, hidden=(32,)):
+    torch.manual_seed(seed)
+    model = MLP(64, hidden, 10, dropout=0.2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu")
+    return model, optimizer, scheduler, scaler
+
+
+def _one_step(model, optimizer, scheduler):
+    loss = nn.functional.cross_entropy(model(torch.rand(8, 64)), torch.randint(0, 10, (8,)))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+
+
+def _states_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa["param_groups"] == sb["param_groups"] and all(
+        _states_equal(sa["state"][i], sb["state"][i]) for i in sa["state"])
+
+
+# ------------------------------------------------------------------------------------------- unwrapping
+
+
+def test_unwrap_model_strips_data_parallel_and_compile_wrappers():
+    model = MLP(64, (8,), 10)
+    assert unwrap_model(model) is model
+    assert unwrap_model(nn.DataParallel(model)) is model
+    compiled = torch.compile(model)
+    assert unwrap_model(compiled) is model
+    assert unwrap_model(torch.compile(nn.DataParallel(model))) is model
+    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())  # what saving the wrapper would store
+
+
+def test_unwrap_model_strips_distributed_data_parallel(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = MLP(64, (8,), 10)
+        ddp = nn.parallel.DistributedDataParallel(model)
+        assert unwrap_model(ddp) is model
+        path = save_checkpoint(tmp_path / "ddp.pt", ddp)
+        keys = list(read_checkpoint(path)["model"])
+        assert keys and not any(k.startswith("module.") for k in keys)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_unwrap_model_rejects_non_modules():
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        unwrap_model("model")
+
+
+# -------------------------------------------------------------------------------------- save and load
+
+
+def test_round_trip_restores_every_part_and_every_random_stream(tmp_path):
+    model, optimizer, scheduler, scaler = _training_objects(0)
+    for _ in range(3):
+        _one_step(model, optimizer, scheduler)
+    generator = torch.Generator().manual_seed(5)
+    torch.rand(3, generator=generator)
+    path = save_checkpoint(tmp_path / "run.pt", torch.compile(model), optimizer, scheduler, scaler, epoch=2, step=3,
+                           best_metric=0.25, generator=generator, extra={"note": "hi", "values": [1, 2.5]})
+    expected_draws = (random.random(), float(np.random.rand()), torch.rand(4), torch.rand(4, generator=generator))
+    expected_model = {k: v.clone() for k, v in model.state_dict().items()}
+
+    fresh_model, fresh_optimizer, fresh_scheduler, fresh_scaler = _training_objects(1)
+    fresh_generator = torch.Generator().manual_seed(99)
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    state = load_checkpoint(path, fresh_model, fresh_optimizer, fresh_scheduler, fresh_scaler,
+                            generator=fresh_generator)
+    draws = (random.random(), float(np.random.rand()), torch.rand(4), torch.rand(4, generator=fresh_generator))
+
+    assert (state["epoch"], state["step"], state["best_metric"]) == (2, 3, 0.25)
+    assert state["extra"] == {"note": "hi", "values": [1, 2.5]}
+    assert _states_equal(fresh_model.state_dict(), expected_model)
+    assert _optimizer_states_equal(fresh_optimizer, optimizer)
+    assert fresh_scheduler.state_dict() == scheduler.state_dict()
+    assert fresh_scaler.state_dict() == scaler.state_dict()
+    assert draws[:2] == expected_draws[:2]
+    assert torch.equal(draws[2], expected_draws[2]) and torch.equal(draws[3], expected_draws[3])
+
+
+def test_rng_state_round_trips_on_its_own():
+    generator = torch.Generator().manual_seed(0)
+    state = capture_rng_state(generator)
+    first = (random.random(), np.random.randn(), torch.randn(2), torch.randn(2, generator=generator))
+    restore_rng_state(state, generator)
+    second = (random.random(), np.random.randn(), torch.randn(2), torch.randn(2, generator=generator))
+    assert first[:2] == second[:2] and torch.equal(first[2], second[2]) and torch.equal(first[3], second[3])
+    with pytest.raises(ValueError, match="capture_rng_state"):
+        restore_rng_state({"torch": torch.get_rng_state()})
+    with pytest.raises(ValueError, match="holds none"):
+        restore_rng_state(capture_rng_state(), generator)
+
+
+def test_saved_keys_have_no_wrapper_prefix_and_prefixed_files_still_load(tmp_path):
+    model = MLP(64, (8,), 10)
+    path = save_checkpoint(tmp_path / "a.pt", nn.DataParallel(torch.compile(model)))
+    assert list(read_checkpoint(path)["model"]) == list(model.state_dict())
+    # A file someone else wrote from a DDP model: every key starts with "module.".
+    payload = read_checkpoint(path)
+    payload["model"] = {f"module.{k}": v for k, v in payload["model"].items()}
+    torch.save(payload, tmp_path / "prefixed.pt")
+    other = MLP(64, (8,), 10)
+    load_checkpoint(tmp_path / "prefixed.pt", other)
+    assert _states_equal(other.state_dict(), model.state_dict())
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+    model = MLP(64, (8,), 10)
+    path = save_checkpoint(tmp_path / "run.pt", model, step=1)
+    before = path.read_bytes()
+
+    def broken_save(obj, handle):
+        handle.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, model, step=2)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
+
+
+def test_save_honours_the_umask_like_a_plain_open(tmp_path):
+    path = save_checkpoint(tmp_path / "run.pt", MLP(64, (8,), 10))
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    assert path.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+
+
+def test_load_with_map_location_puts_tensors_where_asked(tmp_path):
+    model = MLP(64, (8,), 10)
+    path = save_checkpoint(tmp_path / "run.pt", model)
+    assert all(t.device.type == "cpu" for t in read_checkpoint(path, map_location="cpu")["model"].values())
+    assert all(t.device.type == "meta" for t in read_checkpoint(path, map_location="meta")["model"].values())
+
+
+def test_a_file_labelled_as_saved_on_a_gpu_needs_map_location_without_one(tmp_path):
+    from unittest import mock
+
+    model = MLP(64, (8,), 10)
+    with mock.patch("torch.serialization.location_tag", lambda storage: "cuda:0"):  # as a GPU run writes them
+        path = save_checkpoint(tmp_path / "gpu.pt", model)
+    if not torch.cuda.is_available():
+        with pytest.raises(CheckpointError, match=r"gpu\.pt holds tensors saved on a device this machine does not have"):
+            load_checkpoint(path, MLP(64, (8,), 10), map_location=None)
+    other = MLP(64, (8,), 10)
+    load_checkpoint(path, other)  # map_location="cpu" by default
+    assert _states_equal(other.state_dict(), model.state_dict())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU to save a GPU checkpoint")
+def test_a_gpu_checkpoint_loads_on_cpu(tmp_path):
+    model, optimizer, scheduler, scaler = _training_objects(0)
+    model.cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loss = model(torch.rand(4, 64, device="cuda")).sum()
+    loss.backward()
+    optimizer.step()
+    path = save_checkpoint(tmp_path / "gpu.pt", model, optimizer)
+    cpu_model = MLP(64, (32,), 10, dropout=0.2)
+    cpu_optimizer = torch.optim.AdamW(cpu_model.parameters(), lr=0.01)
+    load_checkpoint(path, cpu_model, cpu_optimizer, map_location="cpu")
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(model.state_dict().values(), cpu_model.state_dict().values()))
+    assert all(v.device.type == "cpu" for s in cpu_optimizer.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+
+
+# --------------------------------------------------------------------------------------- bad files
+
+
+def test_missing_file_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.pt does not exist"):
+        load_checkpoint(tmp_path / "nope.pt", MLP())
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "zeroed_middle"])
+def test_damaged_files_fail_with_a_clear_error_naming_the_file(tmp_path, damage):
+    path = save_checkpoint(tmp_path / "run.pt", MLP(64, (32,), 10))
+    data = path.read_bytes()
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(random.Random(0).randbytes(len(data)))
+    else:  # wipe the zip directory and the records around it
+        path.write_bytes(data[:100] + bytes(len(data) - 200) + data[-100:])
+    with pytest.raises(CheckpointError, match=r"run\.pt") as error:
+        load_checkpoint(path, MLP(64, (32,), 10))
+    assert any(word in str(error.value) for word in ("empty", "truncated or corrupted"))
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path):
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match=r"other\.pt was not written by save_checkpoint"):
+        load_checkpoint(tmp_path / "other.pt", MLP())
+
+
+def test_a_checkpoint_of_another_model_lists_keys_and_shapes(tmp_path):
+    path = save_checkpoint(tmp_path / "small.pt", MLP(64, (32,), 10))
+    with pytest.raises(CheckpointError, match=r"small\.pt.*shape mismatches: 1\.weight: file \(32, 64\) vs model \(16, 64\)"):
+        load_checkpoint(path, MLP(64, (16,), 10))
+    with pytest.raises(CheckpointError, match=r"missing keys: 4\.weight, 4\.bias, 7\.weight, 7\.bias; unexpected keys: 3\.weight, 3\.bias"):
+        load_checkpoint(path, MLP(64, (32, 16), 10, dropout=0.1))
+    model = MLP(64, (16,), 10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path, model)
+    assert _states_equal(model.state_dict(), before)  # nothing was changed before the error
+
+
+def test_optimizer_or_generator_that_do_not_fit_are_reported(tmp_path):
+    model, optimizer, scheduler, _ = _training_objects(0)
+    path = save_checkpoint(tmp_path / "run.pt", model, optimizer)
+    other = torch.optim.AdamW([{"params": [model[1].weight]}, {"params": [model[1].bias]}], lr=0.1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model[1].weight.add_(1.0)
+    changed = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"run\.pt: its optimizer state does not fit"):
+        load_checkpoint(path, model, other)
+    assert _states_equal(model.state_dict(), changed) and not _states_equal(changed, before)
+    with pytest.raises(CheckpointError, match="holds no scheduler state"):
+        load_checkpoint(path, model, optimizer, scheduler)
+    with pytest.raises(CheckpointError, match="holds no generator state"):
+        load_checkpoint(path, model, generator=torch.Generator())
+
+
+# ----------------------------------------------------------------------------------------- security
+
+
+class _Malicious:
+    """Unpickling this calls os.mkdir(marker): a stand-in for any code an attacker would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+@pytest.mark.parametrize("container", ["torch.save", "plain pickle"])
+def test_a_file_whose_pickle_runs_code_is_refused_and_the_code_does_not_run(tmp_path, container):
+    marker = tmp_path / "code_ran"
+    payload = read_checkpoint(save_checkpoint(tmp_path / "good.pt", MLP(64, (8,), 10)))
+    payload["extra"] = {"innocent": _Malicious(marker)}
+    path = tmp_path / "evil.pt"
+    if container == "torch.save":
+        torch.save(payload, path)
+    else:
+        with open(path, "wb") as handle:
+            pickle.dump({"format": ckpt.FORMAT, "model": {}, "extra": payload["extra"]}, handle, protocol=2)
+
+    with pytest.raises(CheckpointError, match=r"evil\.pt was refused by torch\.load\(weights_only=True\).*mkdir"):
+        load_checkpoint(path, MLP(64, (8,), 10))
+    assert not marker.exists()
+    # The control: the same file opened the old, unsafe way does run the code.
+    try:
+        torch.load(path, weights_only=False)
+    except RuntimeError:  # a plain pickle is no torch file, but the code ran while torch was finding that out
+        pass
+    assert marker.exists()
+
+
+# ------------------------------------------------------------------------------------------ bad args
+
+
+def test_save_rejects_bad_arguments_early(tmp_path):
+    model = MLP(64, (8,), 10)
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        save_checkpoint(tmp_path / "a.pt", {"w": 1})
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        save_checkpoint(tmp_path / "a.pt", model, "adam")
+    with pytest.raises(TypeError, match="scheduler must have state_dict"):
+        save_checkpoint(tmp_path / "a.pt", model, None, 3)
+    with pytest.raises(ValueError, match="epoch must be an int >= 0, got -1"):
+        save_checkpoint(tmp_path / "a.pt", model, epoch=-1)
+    with pytest.raises(ValueError, match="step must be an int >= 0, got 1.5"):
+        save_checkpoint(tmp_path / "a.pt", model, step=1.5)
+    with pytest.raises(ValueError, match="best_metric must be a number"):
+        save_checkpoint(tmp_path / "a.pt", model, best_metric=float("nan"))
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        save_checkpoint(tmp_path / "a.pt", model, generator=np.random.default_rng())
+    with pytest.raises(TypeError, match=r"extra\['fn'\] must hold only"):
+        save_checkpoint(tmp_path / "a.pt", model, extra={"fn": lambda: 1})
+    with pytest.raises(TypeError, match="path must be a str or a Path"):
+        save_checkpoint(3, model)
+    assert not any(tmp_path.iterdir())
+
+
+def test_manager_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="keep_last must be a positive int, got 0"):
+        CheckpointManager(tmp_path, keep_last=0)
+    with pytest.raises(ValueError, match="mode must be 'min'"):
+        CheckpointManager(tmp_path, mode="avg")
+    with pytest.raises(ValueError, match="prefix must be"):
+        CheckpointManager(tmp_path, prefix="a/b")
+
+
+# ------------------------------------------------------------------------------------------ manager
+
+
+def test_manager_keeps_the_last_k_and_the_best(tmp_path):
+    model = MLP(64, (8,), 10)
+    manager = CheckpointManager(tmp_path, keep_last=2, mode="min")
+    metrics = {1: 0.9, 2: 0.3, 3: 0.5, 4: 0.6, 5: 0.4}
+    weights = {}
+    for step, metric in metrics.items():
+        with torch.no_grad():
+            model[1].weight.fill_(step)
+        weights[step] = model[1].weight.clone()
+        manager.save(model, step=step, metric=metric)
+    assert [p.name for p in manager.checkpoints()] == ["step-00000004.pt", "step-00000005.pt"]
+    assert manager.latest().name == "step-00000005.pt"
+    best = read_checkpoint(manager.best())
+    assert best["step"] == 2 and best["metric"] == 0.3 and torch.equal(best["model"]["1.weight"], weights[2])
+    assert read_checkpoint(manager.latest())["best_metric"] == 0.3
+    # A new manager on the same folder remembers the best metric.
+    again = CheckpointManager(tmp_path, keep_last=2)
+    assert again.best_metric == 0.3 and not again.is_better(0.35) and again.is_better(0.1)
+
+
+def test_manager_mode_max_and_stale_temporary_files(tmp_path):
+    (tmp_path / f".step-00000007.pt{ckpt._TEMP_MARK}123-abcd").write_bytes(b"left by a killed save")
+    manager = CheckpointManager(tmp_path, mode="max")
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+    model = MLP(64, (8,), 10)
+    manager.save(model, step=1, metric=0.5)
+    manager.save(model, step=2, metric=0.7)
+    manager.save(model, step=3, metric=0.6)
+    assert read_checkpoint(manager.best())["step"] == 2
+    assert manager.load_latest(MLP(64, (8,), 10))["step"] == 3
+    assert CheckpointManager(tmp_path / "empty").load_latest(model) is None
+
+
+# ------------------------------------------------------------------------------------ the sampler
+
+
+def test_resumable_sampler_continues_the_same_order_mid_epoch():
+    straight = ResumableSampler(10, generator=torch.Generator().manual_seed(0))
+    epochs = [list(straight) for _ in range(3)]
+    assert sorted(epochs[0]) == list(range(10)) and epochs[0] != epochs[1]
+
+    sampler = ResumableSampler(10, generator=torch.Generator().manual_seed(0))
+    list(sampler)
+    iter(sampler)  # the second epoch started; 4 of its samples were used
+    state = sampler.state_dict(consumed=4)
+    resumed = ResumableSampler(10, generator=torch.Generator().manual_seed(123))
+    resumed.load_state_dict(state)
+    assert len(resumed) == 6
+    assert list(resumed) == epochs[1][4:] and resumed.epoch == 1
+    assert list(resumed) == epochs[2] and len(resumed) == 10
+
+
+def test_resumable_sampler_at_an_epoch_end_starts_the_next_epoch():
+    straight = ResumableSampler(7, generator=torch.Generator().manual_seed(1))
+    epochs = [list(straight) for _ in range(2)]
+    sampler = ResumableSampler(7, generator=torch.Generator().manual_seed(1))
+    list(sampler)
+    resumed = ResumableSampler(7, generator=torch.Generator())
+    resumed.load_state_dict(sampler.state_dict(consumed=7))
+    assert list(resumed) == epochs[1]
+
+
+def test_resumable_sampler_rejects_bad_input():
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
+        ResumableSampler(0, generator=torch.Generator())
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        ResumableSampler(3, generator=0)
+    sampler = ResumableSampler(3, generator=torch.Generator())
+    with pytest.raises(ValueError, match=r"consumed must be an int in \[0, 3\], got 4"):
+        sampler.state_dict(4)
+    with pytest.raises(ValueError, match="state must be a dict"):
+        sampler.load_state_dict({"offset": 1})
+
+
+def test_train_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
+        train(tmp_path, steps=0)
+    with pytest.raises(ValueError, match="stop_after must be at most steps=5, got 9"):
+        train(tmp_path, steps=5, stop_after=9)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        train(tmp_path, dropout=1.0)
+
+
+# ----------------------------------------------------------------------------- resume: lose nothing
+
+
+@pytest.fixture()
+def one_thread():
+    """Bit-identical results need the same CPU thread count in every run; the CLI runs use --threads 1."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = train(tmp_path_factory.mktemp("straight"), **RUN)
+    finally:
+        torch.set_num_threads(previous)
+    return result
+
+
+def _cli(folder: Path, *extra: str) -> list[str]:
+    return ["--folder", str(folder), "--steps", str(RUN["steps"]), "--save-every", str(RUN["save_every"]),
+            "--seed", str(RUN["seed"]), "--threads", "1", *extra]
+
+
+def _assert_same_final_state(folder: Path, straight: dict) -> None:
+    final = read_checkpoint(CheckpointManager(folder).latest())
+    assert final["step"] == RUN["steps"]
+    assert _states_equal(final["model"], straight["model"].state_dict()), "weights differ from the straight run"
+    optimizer = straight["optimizer"].state_dict()
+    assert all(_states_equal(final["optimizer"]["state"][i], optimizer["state"][i]) for i in optimizer["state"])
+    assert final["scheduler"] == straight["scheduler"].state_dict()
+    assert torch.equal(final["extra"]["losses"], torch.tensor(straight["losses"]))
+
+
+@pytest.mark.parametrize("stop_after, where", [(43, "epoch boundary"), (50, "mid-epoch")])
+def test_resume_in_a_fresh_process_is_bit_identical(tmp_path, straight_run, one_thread, stop_after, where):
+    assert straight_run["steps_per_epoch"] == 43
+    first = train(tmp_path, stop_after=stop_after, **RUN)
+    assert first["steps_done"] == stop_after
+    sampler_state = read_checkpoint(first["latest"])["extra"]["sampler"]
+    if where == "epoch boundary":
+        assert (sampler_state["epoch"], sampler_state["offset"]) == (1, 0)
+    else:
+        assert (sampler_state["epoch"], sampler_state["offset"]) == (1, (stop_after - 43) * 32)
+    del first  # nothing of the first part survives except the file
+    done = subprocess.run([sys.executable, "-m", "helpers.resume", *_cli(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"resumed from {stop_after}" in done.stdout
+    _assert_same_final_state(tmp_path, straight_run)
+
+
+def test_extra_saves_do_not_change_the_run(tmp_path, straight_run, one_thread):
+    """Saving (and evaluating for the best metric) at other steps must not touch the random streams."""
+    other = train(tmp_path, **{**RUN, "save_every": 7})
+    assert _states_equal(other["model"].state_dict(), straight_run["model"].state_dict())
+
+
+# ------------------------------------------------------------------------------- SIGKILL at any moment
+
+# Runs helpers.resume, but pauses (and says so) inside its first save: half-way through writing the
+# temporary file ("write"), or with the temporary file complete, just before the rename ("rename").
+_PAUSING_RUNNER = """
+import io, os, sys, time
+import torch
+import helpers.resume
+where, argv = sys.argv[1], sys.argv[2:]
+def pause():
+    print("PAUSED-IN-SAVE", where, flush=True)
+    time.sleep(120)
+if where == "write":
+    original_save = torch.save
+    def half_save(obj, handle):
+        buffer = io.BytesIO()
+        original_save(obj, buffer)
+        handle.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        handle.flush()
+        pause()
+    torch.save = half_save
+else:
+    original_replace = os.replace
+    def paused_replace(*args):
+        pause()
+        return original_replace(*args)
+    os.replace = paused_replace
+helpers.resume.main(argv)
+"""
+
+
+class _Running:
+    """A subprocess whose stdout lines arrive on a queue, so the test can wait for a line with a timeout."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, prefix: str, count: int = 1, timeout: float = 240) -> bool:
+        """True once `count` lines starting with `prefix` arrived; False if the process ended first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line is None:
+                return False
+            if line.startswith(prefix):
+                count -= 1
+                if count == 0:
+                    return True
+        self.process.kill()
+        raise AssertionError(f"no line starting with {prefix!r} within {timeout} s; stderr: {self.process.stderr.read()}")
+
+    def kill(self) -> bool:
+        """SIGKILL (no cleanup of any kind runs); True if the process was still running."""
+        alive = self.process.poll() is None
+        if alive:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+        return alive
+
+
+def _every_checkpoint_loads(folder: Path) -> int:
+    """Load each step file and best.pt into fresh objects; return the newest step."""
+    files = sorted(folder.glob("step-*.pt"))
+    assert files, "no checkpoint left after the kill"
+    for path in files + sorted(folder.glob("best.pt")):
+        model, optimizer, scheduler, _, _, generator = build_run(seed=RUN["seed"], hidden=64, dropout=0.1, lr=3e-3,
+                                                                 steps=RUN["steps"], batch_size=32)
+        load_checkpoint(path, model, optimizer, scheduler, generator=generator)
+    return read_checkpoint(files[-1])["step"]
+
+
+def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint_and_resume_reaches_the_same_weights(
+        tmp_path, straight_run):
+    rng = random.Random()
+    plain = [sys.executable, "-m", "helpers.resume", *_cli(tmp_path)]
+    plan = [("random", plain), ("write", [sys.executable, "-c", _PAUSING_RUNNER, "write", *_cli(tmp_path)]),
+            ("rename", [sys.executable, "-c", _PAUSING_RUNNER, "rename", *_cli(tmp_path)]), ("random", plain)]
+    newest = 0
+    for how, command in plan:
+        running = _Running(command)
+        if how == "random":
+            # After this launch's 1st to 3rd save (so a checkpoint exists and most of the run is still
+            # ahead), at a random moment within the next few steps: maybe in training, maybe in a save.
+            started = running.wait_for("saved step", count=rng.randint(1, 3))
+            time.sleep(rng.uniform(0.0, 0.03))
+        else:
+            started = running.wait_for("PAUSED-IN-SAVE")
+        killed = running.kill()
+        assert started, f"the {how} run ended before the moment to kill it: {running.process.stderr.read()}"
+        if how != "random":
+            assert killed
+            temporary = [p for p in tmp_path.iterdir() if ckpt._TEMP_MARK in p.name]
+            assert temporary, "the kill was meant to land inside a save"
+        step = _every_checkpoint_loads(tmp_path)
+        assert step >= newest
+        newest = step
+    finished = subprocess.run(plain, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert not any(ckpt._TEMP_MARK in p.name for p in tmp_path.iterdir())
+    _assert_same_final_state(tmp_path, straight_run)
+
+
+# ------------------------------------------------------------------ activation checkpointing sweep
+
+
+def test_segment_sweep_counts_kept_activations_and_recomputed_modules():
+    from helpers.checkpoint import checkpoint_segments_sweep
+    from helpers.models import deep_linear_stack
+
+    depth, batch, width = 16, 4, 8
+    stack = deep_linear_stack(width, depth)
+    rows = checkpoint_segments_sweep(stack, torch.randn(batch, width), [0, 2, 4, depth], repeat=1, warmup=0)
+    unit = batch * width * 4
+    kept = {row["segments"]: row["saved_bytes"] // unit for row in rows}
+    assert kept == {0: depth + 1, 2: 1 + depth // 2 + 1, 4: 3 + depth // 4 + 1, depth: depth + 1}
+    for row in rows:
+        s = row["segments"]
+        last = 2 * depth - (s - 1) * (2 * depth // s) if s else 2 * depth
+        assert row["recomputed_modules"] == 2 * depth - last
+        assert row["cuda_peak_bytes"] is None and row["seconds"] > 0
+    assert rows[0]["time_ratio"] == 1.0
+    assert all(p.grad is not None for p in stack.parameters())
+
+
+def test_segment_sweep_rejects_bad_input():
+    from helpers.checkpoint import checkpoint_segments_sweep
+    from helpers.models import deep_linear_stack
+
+    stack = deep_linear_stack(8, 4)
+    with pytest.raises(TypeError, match="model must be an nn.Sequential"):
+        checkpoint_segments_sweep(nn.Linear(8, 8), torch.randn(2, 8), [0])
+    with pytest.raises(ValueError, match=r"segments must be a non-empty list of ints in \[0, 8\]"):
+        checkpoint_segments_sweep(stack, torch.randn(2, 8), [0, 9])
+    with pytest.raises(ValueError, match="segments must be a non-empty list"):
+        checkpoint_segments_sweep(stack, torch.randn(2, 8), [])
+    with pytest.raises(TypeError, match="inputs must be a tensor"):
+        checkpoint_segments_sweep(stack, [[0.0] * 8], [0])
+
+
+def test_sweep_segments():
+    from helpers.resume import sweep_segments
+
+    assert sweep_segments(100) == [0, 2, 5, 10, 50, 100]
+    assert sweep_segments(80) == [0, 2, 5, 8, 10, 40, 80]
+    with pytest.raises(ValueError, match="depth must be a positive int"):
+        sweep_segments(0)
+
+
+def test_run_checkpointing_experiment_small(one_thread):
+    from helpers.resume import run_checkpointing_experiment
+
+    result = run_checkpointing_experiment(seed=1, depth=80, width=32, batch_size=8, dropout=0.2, steps=60,
+                                          stop_after=30, save_every=100, show=False)
+    shutil.rmtree(result.folder)
+    assert [row["segments"] for row in result.sweep] == [0, 2, 5, 8, 10, 40, 80]
+    runs = result.runs
+    assert runs["stopped"]["steps_done"] == 30 and runs["resumed"]["resumed_from"] == 30
+    assert _states_equal(runs["straight"]["model"].state_dict(), runs["resumed"]["model"].state_dict())
+    assert not _states_equal(runs["straight"]["model"].state_dict(), runs["weights_only"]["model"].state_dict())
+    with pytest.raises(ValueError, match="stop_after must be smaller than steps=60, got 60"):
+        run_checkpointing_experiment(steps=60, stop_after=60, show=False)
+    with pytest.raises(ValueError, match=r"depth must be in \[80, 200\]"):
+        run_checkpointing_experiment(depth=10, show=False)

@@ -1,0 +1,284 @@
+"""helpers.distributed: the local launcher (results, failures, timeouts), process-group helpers, samplers."""
+import os
+import socket
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from helpers import distributed_workers as workers
+from helpers.distributed import (GlobalBatchSampler, RankError, all_reduce_metrics, default_backend,
+                                 find_free_port, is_rank0, launch, print_rank0, run_torchrun, setup_process_group,
+                                 teardown_process_group, torchrun_command)
+
+NO_GPU_PAIR = not torch.cuda.is_available() or torch.cuda.device_count() < 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pids(folder) -> list[int]:
+    return [int(path.read_text()) for path in sorted(folder.glob("rank*.pid"))]
+
+
+# ---------------------------------------------------------------- small helpers, no processes
+
+def test_find_free_port_can_be_bound():
+    port = find_free_port()
+    assert 1024 <= port < 65536
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.skipif(not NO_GPU_PAIR, reason="checks the CPU fallback")
+def test_default_backend_is_gloo_without_a_gpu_per_rank():
+    assert default_backend(2) == "gloo"
+
+
+def test_default_backend_rejects_a_bad_world_size():
+    with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
+        default_backend(0)
+
+
+def test_rank0_helpers_without_a_process_group(capsys):
+    assert is_rank0()
+    print_rank0("hello", 3)
+    assert capsys.readouterr().out == "hello 3\n"
+    assert all_reduce_metrics({"correct": 3, "samples": 4.0}) == {"correct": 3.0, "samples": 4.0}
+
+
+@pytest.mark.parametrize("metrics, error", [({}, ValueError), ([1, 2], ValueError), ({"a": "x"}, TypeError),
+                                            ({"a": torch.ones(2)}, TypeError), ({"a": True}, TypeError)])
+def test_all_reduce_metrics_rejects_bad_input(metrics, error):
+    with pytest.raises(error, match="metrics"):
+        all_reduce_metrics(metrics)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rank": 2, "world_size": 2}, "rank must be an int in"),
+    ({"rank": 0, "world_size": 0}, "world_size must be a positive int"),
+    ({"rank": 0, "world_size": 1, "backend": "udp"}, "backend must be one of"),
+    ({"rank": 0, "world_size": 1, "init_method": "http://x"}, "init_method must start with"),
+    ({"rank": 0, "world_size": 1, "timeout_s": 0}, "timeout_s must be a positive number"),
+])
+def test_setup_process_group_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        setup_process_group(**kwargs)
+
+
+def test_setup_and_teardown_a_world_of_one():
+    setup_process_group(0, 1, init_method=f"tcp://127.0.0.1:{find_free_port()}", timeout_s=30)
+    try:
+        assert all_reduce_metrics({"x": 2.5}, average=True) == {"x": 2.5}
+        with pytest.raises(RuntimeError, match="already exists"):
+            setup_process_group(0, 1, init_method=f"tcp://127.0.0.1:{find_free_port()}")
+    finally:
+        teardown_process_group()
+    teardown_process_group()  # a second call is harmless
+    assert is_rank0()
+
+
+@pytest.mark.parametrize("world_size, batch_size, drop_last",
+                         [(2, 5, False), (3, 4, False), (3, 4, True), (1, 7, False)])
+def test_global_batch_sampler_joins_the_ranks_batches(world_size, batch_size, drop_last):
+    size = 23
+    sampler = GlobalBatchSampler(size, world_size, batch_size, seed=4, drop_last=drop_last)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        per_rank = []
+        for rank in range(world_size):
+            ddp = DistributedSampler(range(size), num_replicas=world_size, rank=rank, seed=4, drop_last=drop_last)
+            ddp.set_epoch(epoch)
+            indices = list(ddp)
+            per_rank.append([indices[i:i + batch_size] for i in range(0, len(indices), batch_size)])
+        expected = [sum(step, []) for step in zip(*per_rank)]
+        assert batches == expected
+    sampler.set_epoch(0)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+
+
+@pytest.mark.parametrize("kwargs", [{"dataset_size": 0}, {"world_size": 0}, {"batch_size": -1}])
+def test_global_batch_sampler_rejects_bad_sizes(kwargs):
+    arguments = {"dataset_size": 10, "world_size": 2, "batch_size": 2, **kwargs}
+    with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be a positive int"):
+        GlobalBatchSampler(**arguments)
+
+
+def _local_function(rank, world_size):
+    return rank
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"worker": lambda rank, world_size: rank}, TypeError, "top-level function of an importable module"),
+    ({"worker": "describe_rank"}, TypeError, "worker must be a function"),
+    ({"nprocs": 0}, ValueError, "nprocs must be a positive int, got 0"),
+    ({"backend": "udp"}, ValueError, "backend must be one of"),
+    ({"init_method": "udp"}, ValueError, "init_method must be one of"),
+    ({"timeout_s": -1}, ValueError, "timeout_s must be a positive number"),
+    ({"args": 3}, TypeError, "args must be a tuple"),
+    ({"threads_per_process": 0}, ValueError, "threads_per_process must be a positive int"),
+])
+def test_launch_rejects_bad_arguments_before_starting_anything(kwargs, error, match):
+    arguments = {"worker": workers.describe_rank, "nprocs": 2, **kwargs}
+    with pytest.raises(error, match=match):
+        launch(arguments.pop("worker"), **arguments)
+
+
+def test_launch_rejects_a_nested_function():
+    def nested(rank, world_size):
+        return rank
+
+    with pytest.raises(TypeError, match="<locals>"):
+        launch(nested, 2)
+
+
+@pytest.mark.skipif(not NO_GPU_PAIR, reason="checks the refusal without GPUs")
+def test_launch_refuses_nccl_without_a_gpu_per_rank():
+    with pytest.raises(ValueError, match="nccl"):
+        launch(workers.describe_rank, 2, backend="nccl")
+
+
+def test_torchrun_command_and_its_checks():
+    command = torchrun_command("helpers.train_ddp", ["--epochs", 2], nproc_per_node=3)
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in command and "--nproc_per_node=3" in command
+    assert command[-4:] == ["-m", "helpers.train_ddp", "--epochs", "2"]
+    with pytest.raises(ValueError, match="module must be a dotted module name"):
+        torchrun_command("rm -rf /")
+    with pytest.raises(ValueError, match="nproc_per_node must be a positive int"):
+        torchrun_command("helpers.train_ddp", nproc_per_node=0)
+
+
+# ---------------------------------------------------------------- real launches (2 gloo processes)
+
+@pytest.mark.parametrize("init_method", ["env", "file"])  # tcp: test_setup_and_teardown_a_world_of_one
+def test_launch_runs_every_rank_and_returns_results_in_rank_order(init_method):
+    results = launch(workers.describe_rank, 2, init_method=init_method, timeout_s=120)
+    assert [row["rank"] for row in results] == [0, 1]
+    assert all(row["world_size"] == 2 and row["sum_of_ranks"] == 1.0 for row in results)
+    assert all(row["torch_threads"] == 1 for row in results)
+    assert len({row["pid"] for row in results}) == 2 and os.getpid() not in {row["pid"] for row in results}
+
+
+def test_send_recv_and_all_reduce_return_cpu_tensors_that_outlive_the_ranks():
+    seed = 5
+    results = launch(workers.communication_worker, 2, args=(seed,), timeout_s=120)
+    received = results[1]["send_recv"]["received"]
+    assert received.device.type == "cpu" and torch.equal(received, workers.payload_for(seed, 1))
+    total = workers.contribution_of(seed, 0) + workers.contribution_of(seed, 1)
+    for row in results:
+        torch.testing.assert_close(row["all_reduce"]["reduced"], total)
+    expected_mean = (float(workers.contribution_of(seed, 0).sum()) + float(workers.contribution_of(seed, 1).sum())) / 2
+    assert results[0]["all_reduce"]["mean_of_sums"] == pytest.approx(expected_mean)
+
+
+def test_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_with_set_epoch():
+    results = launch(workers.sampler_worker, 2, args=(11, 3), timeout_s=120)
+    for epoch in ("epoch0", "epoch1"):
+        union = results[0][epoch] + results[1][epoch]
+        assert sorted(set(union)) == list(range(11)) and len(union) == 12  # one index repeated as padding
+    assert all(row["epoch0_again"] == row["epoch0"] and row["epoch1"] != row["epoch0"] for row in results)
+
+
+def test_hand_averaging_ddp_and_one_process_agree_and_no_sync_does_not_communicate():
+    seed, batch = 2, 6
+    results = launch(workers.gradients_worker, 2, args=(seed, batch), timeout_s=120)
+    inputs, targets = workers.gradient_batch(seed, 4 * batch)
+    first_half = workers.full_batch_gradient(seed, inputs[:2 * batch], targets[:2 * batch])
+    everything = workers.full_batch_gradient(seed, inputs, targets)
+    assert not torch.allclose(results[0]["local"], results[1]["local"])
+    assert not torch.allclose(results[0]["under_no_sync"], results[1]["under_no_sync"])
+    for row in results:
+        torch.testing.assert_close(row["by_hand"], first_half)
+        torch.testing.assert_close(row["ddp"], first_half)
+        torch.testing.assert_close(row["after_sync"], everything)
+
+
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_rank_that_raises_ends_the_run_with_its_rank_and_traceback(tmp_path, bad_rank):
+    start = time.monotonic()
+    with pytest.raises(RankError) as caught:
+        launch(workers.failing_worker, 2, args=(bad_rank, "raise", str(tmp_path)), timeout_s=60)
+    assert time.monotonic() - start < 45  # well before the 60 s timeout: the failure is noticed, not waited out
+    error = caught.value
+    assert error.rank == bad_rank and error.error_type == "ValueError"
+    assert f"rank {bad_rank} was told to fail" in error.traceback_text and "Traceback" in error.traceback_text
+    assert f"rank {bad_rank} of 2 raised ValueError" in str(error)
+    pids = _pids(tmp_path)
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
+
+
+def test_a_rank_that_dies_without_a_word_is_named(tmp_path):
+    with pytest.raises(RankError) as caught:
+        launch(workers.failing_worker, 2, args=(1, "exit", str(tmp_path)), timeout_s=60)
+    assert caught.value.rank == 1 and caught.value.error_type == "ProcessExit"
+    assert "exited with code 3" in str(caught.value)
+    assert not any(_alive(pid) for pid in _pids(tmp_path))
+
+
+def test_a_hanging_rank_hits_the_timeout_and_every_rank_is_stopped(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within timeout_s=8"):
+        launch(workers.failing_worker, 2, args=(1, "hang", str(tmp_path)), timeout_s=8)
+    assert time.monotonic() - start < 8 + 15  # the timeout, plus at most the grace period to stop the ranks
+    pids = _pids(tmp_path)
+    assert pids and not any(_alive(pid) for pid in pids)
+
+
+def test_run_torchrun_stops_a_run_that_takes_too_long():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within timeout_s=2"):
+        run_torchrun("helpers.train_ddp", ["--epochs", "1000", "--no-progress"], nproc_per_node=2, timeout_s=2)
+    assert time.monotonic() - start < 2 + 15
+
+
+# ---------------------------------------------------------------- the lesson's workers and experiment
+
+def test_gradient_helpers_check_their_input_and_agree_with_autograd():
+    inputs, targets = workers.gradient_batch(1, 10)
+    assert inputs.shape == (10, 1, 8, 8) and targets.shape == (10,)
+    assert torch.equal(workers.gradient_batch(1, 10)[0], inputs)  # same seed, same samples
+    reference = workers.full_batch_gradient(1, inputs, targets)
+    model = workers.gradient_model(1)
+    torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+    assert torch.equal(workers.flat_gradient(model), reference)
+    assert reference.numel() == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="samples must be an int in"):
+        workers.gradient_batch(1, 0)
+
+
+def test_failing_worker_rejects_an_unknown_mode():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        workers.failing_worker(0, 2, 1, "explode")
+
+
+def test_parallelism_diagram_draws_both_methods():
+    import matplotlib.pyplot as plt
+
+    figure = workers.parallelism_diagram()
+    titles = [ax.get_title(loc="left") for ax in figure.axes]
+    assert any("DataParallel" in t for t in titles) and any("DistributedDataParallel" in t for t in titles)
+    plt.close(figure)
+
+
+def test_run_experiment_matches_ddp_with_its_one_process_twin(capsys):
+    import matplotlib.pyplot as plt
+
+    result = workers.run_experiment(world_size=2, batch_per_rank=64, epochs=1, lr=0.05, seed=2, timeout_s=240)
+    plt.close("all")
+    assert "DDP (gloo) 2 ranks x 64" in capsys.readouterr().out or torch.cuda.device_count() >= 2
+    assert result["max_weight_difference"] < 1e-4
+    assert result["ddp"][0]["test_accuracy"] == pytest.approx(result["single"][0]["test_accuracy"], abs=2 / 450)
+    assert not any(key.startswith("module.") for key in result["checkpoint"])
+    assert repr(result).startswith("ExperimentResult(") and "\n" not in repr(result)

@@ -1,0 +1,86 @@
+"""helpers.train_ddp under `torchrun --standalone --nproc_per_node=2`: rank-0 logs, plain checkpoint, faithful result."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.checkpoint import load_checkpoint
+from helpers.distributed_workers import train_single_process
+from helpers.models import MLP
+from helpers.train_ddp import TrainConfig, main, parse_args
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _torchrun(*args: str) -> list[str]:
+    """The `torchrun` next to this Python (the virtual environment's), else `python -m torch.distributed.run`."""
+    script = Path(sys.executable).with_name("torchrun")
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    return [*launcher, "--standalone", "--nproc_per_node=2", "-m", "helpers.train_ddp", *args]
+
+
+def test_torchrun_two_ranks_trains_logs_once_and_saves_a_plain_checkpoint(tmp_path):
+    epochs, batch, seed = 2, 16, 3
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    completed = subprocess.run(
+        _torchrun("--epochs", str(epochs), "--batch-size", str(batch), "--seed", str(seed), "--lr", "0.05",
+                  "--out", str(tmp_path), "--no-progress"),
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-3000:]
+    lines = completed.stdout.splitlines()
+    assert sum(line.startswith("epoch ") for line in lines) == epochs  # rank 0 only, not once per rank
+    assert any(line.startswith("world_size=2 backend=gloo") for line in lines) or torch.cuda.device_count() >= 2
+
+    checkpoint = torch.load(tmp_path / "model.pt", map_location="cpu", weights_only=True)
+    assert not any(key.startswith("module.") for key in checkpoint["model"])
+    model = MLP(64, (64,), 10)
+    model.load_state_dict(checkpoint["model"])  # strict
+    assert checkpoint["epoch"] == epochs and "state" in checkpoint["optimizer"]
+    loaded = load_checkpoint(tmp_path / "model.pt", MLP(64, (64,), 10), restore_rng=False)  # the course's loader
+    assert loaded["epoch"] == epochs and loaded["extra"]["world_size"] == 2
+
+    record = json.loads((tmp_path / "history.json").read_text())
+    assert record["world_size"] == 2 and len(record["history"]) == epochs
+    assert record["history"][-1]["samples_seen"] == 1348  # 1347 training digits, padded to 2 x 674
+
+    # The same run in one process, on the same global batches, ends in the same place.
+    twin_history, twin = train_single_process(TrainConfig(epochs=epochs, batch_size=batch, seed=seed, lr=0.05), 2)
+    for name, value in twin.state_dict().items():
+        torch.testing.assert_close(checkpoint["model"][name], value, rtol=1e-4, atol=1e-5)
+    assert [row["test_accuracy"] for row in twin_history] == pytest.approx(
+        [row["test_accuracy"] for row in record["history"]], abs=2 / 450)
+
+
+def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
+    watched = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    before = {key: os.environ.get(key) for key in watched}
+    main(["--epochs", "1", "--batch-size", "64", "--out", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert "world_size=1" in out and "epoch 1:" in out
+    assert {key: os.environ.get(key) for key in watched} == before  # nothing leaked into this process
+    state = torch.load(tmp_path / "model.pt", map_location="cpu", weights_only=True)["model"]
+    MLP(64, (64,), 10).load_state_dict(state)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "epochs must be an int >= 1"),
+    (["--batch-size", "-2"], "batch_size must be an int >= 1"),
+    (["--lr", "0"], "lr must be a positive number"),
+    (["--momentum", "1.5"], "momentum must be in"),
+    (["--backend", "udp"], "invalid choice"),
+])
+def test_bad_arguments_are_refused_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as caught:
+        parse_args(argv)
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_train_config_checks_hidden_widths():
+    with pytest.raises(ValueError, match="hidden must be a non-empty tuple of positive ints"):
+        TrainConfig(hidden=(0,))
