@@ -44,7 +44,11 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
 
 def time_interleaved(fns: Mapping[str, Callable[[], object]], *, repeat: int = 5, warmup: int = 1,
                      device: torch.device | str | None = None) -> dict[str, list[float]]:
-    """Time several functions in turns (A B A B ...), so drifts in machine load hit them alike."""
+    """Time several functions in rounds, so drifts in machine load hit them alike.
+
+    Every other round runs them in reverse order (A B, B A, A B, ...), so that neither always runs
+    right after the other (caches, allocator and CPU frequency favour whoever comes second).
+    """
     _check_counts(repeat, warmup)
     if not fns:
         raise ValueError("fns must hold at least one named function")
@@ -53,8 +57,10 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, repeat: int = 5
             fn()
     synchronize(device)
     seconds: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    names = list(fns)
+    for round_index in range(repeat):
+        for name in (names if round_index % 2 == 0 else names[::-1]):
+            fn = fns[name]
             start = time.perf_counter()
             fn()
             synchronize(device)

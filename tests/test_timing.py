@@ -9,11 +9,18 @@ def test_time_call_warms_up_then_times():
     assert len(calls) == 5 and len(seconds) == 3 and all(s >= 0 for s in seconds)
 
 
-def test_time_interleaved_alternates():
+def test_time_interleaved_alternates_and_reverses_every_other_round():
     order = []
-    result = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=2, warmup=1)
-    assert order == ["a", "b"] * 3
-    assert set(result) == {"a", "b"} and all(len(v) == 2 for v in result.values())
+    result = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=3, warmup=1)
+    assert order == ["a", "b"] + ["a", "b", "b", "a", "a", "b"]  # warm-up, then rounds A B, B A, A B
+    assert set(result) == {"a", "b"} and all(len(v) == 3 for v in result.values())
+
+
+def test_time_interleaved_keeps_each_name_with_its_own_times():
+    import time
+
+    result = time_interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: None}, repeat=4, warmup=0)
+    assert all(s >= 0.02 for s in result["slow"]) and all(s < 0.02 for s in result["fast"])
 
 
 def test_median_and_ratio():
