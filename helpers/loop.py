@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -66,14 +66,16 @@ def has_pending_gradients(model: nn.Module) -> bool:
     return any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters())
 
 
-def _micro_batch_groups(loader: Iterable, accumulation_steps: int) -> Iterator[list]:
+def _micro_batch_groups(loader: Iterable, accumulation_steps: int) -> Iterator[Sequence]:
+    """The loader's batches in groups of `accumulation_steps` (the last group may be shorter)."""
+    if accumulation_steps == 1:
+        return zip(loader)  # one-batch groups, built in C: no Python frame per step
     iterator = iter(loader)
-    while group := list(itertools.islice(iterator, accumulation_steps)):
-        yield group
+    return iter(lambda: list(itertools.islice(iterator, accumulation_steps)), [])
 
 
 def _batch_size(batch) -> int:
-    return len(batch[1])
+    return batch[1].shape[0]
 
 
 def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, loss_fn: Callable, *,
@@ -109,7 +111,11 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
         bar = tqdm(total=total, desc=description, unit="batch", leave=False)
 
     model.train()
-    losses: list[torch.Tensor] = []  # detached: keeping `loss` itself would keep every graph alive
+    # Each micro-batch's loss, to report the epoch's mean. On the CPU `.item()` is a plain read; on an
+    # accelerator it would wait for the queued kernels every step, so there the detached tensors are
+    # kept and read once at the end (keeping `loss` itself would keep every graph alive).
+    read_now = device.type == "cpu"
+    losses: list = []
     sizes: list[int] = []
     optimizer_steps = 0
     start = time.perf_counter()
@@ -120,10 +126,10 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
             targets = targets.to(device, non_blocking=non_blocking)
             with autocast_context(device, amp):
                 loss = loss_fn(model(inputs), targets)
-            losses.append(loss.detach())
-            sizes.append(len(targets))
+            losses.append(loss.item() if read_now else loss.detach())
+            sizes.append(targets.shape[0])
             if group_samples is not None:
-                loss = loss * (len(targets) / group_samples)
+                loss = loss * (targets.shape[0] / group_samples)
             if scaler is not None:
                 scaler.scale(loss).backward()
             else:
@@ -153,7 +159,9 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
     if not sizes:
         raise ValueError("loader must yield at least one batch, got none")
     samples = sum(sizes)
-    mean_loss = float((torch.stack(losses).float().cpu() * torch.tensor(sizes, dtype=torch.float32)).sum()) / samples
+    if not read_now:
+        losses = torch.stack(losses).float().tolist()  # the one sync of the epoch
+    mean_loss = sum(loss * size for loss, size in zip(losses, sizes)) / samples
     if bar is not None:
         bar.set_postfix(loss=f"{mean_loss:.4f}")
         bar.close()
