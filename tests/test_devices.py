@@ -68,3 +68,20 @@ def test_cpu_name_is_a_readable_string():
     from helpers.devices import cpu_name
 
     assert isinstance(cpu_name(), str) and cpu_name()
+
+
+def test_keep_freed_memory_answers_whether_it_applied():
+    import platform
+
+    from helpers.devices import keep_freed_memory
+
+    on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is on_glibc
+
+
+@pytest.mark.parametrize("pad", [-1, 1.5, True, "64"])
+def test_keep_freed_memory_rejects_bad_pad(pad):
+    from helpers.devices import keep_freed_memory
+
+    with pytest.raises(ValueError, match="pad_mib"):
+        keep_freed_memory(pad)
