@@ -1,7 +1,10 @@
 """The package's performance table: `python -m helpers.bench [--quick]` (or `make bench`).
 
 Every figure is measured here and now; comparisons are ratios taken in the same run, in interleaved
-repetitions after warm-up, because absolute times differ from machine to machine.
+repetitions after warm-up, because absolute times differ from machine to machine. On Linux the run
+first asks glibc to keep freed memory (`devices.keep_freed_memory`): without that, every CPU step maps
+and page-faults its large buffers afresh, which adds about 10% of jitter per epoch on a small machine
+(`--default-malloc` leaves the allocator alone, to see the difference).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import torch
 from torch import nn
 
 from .data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
-from .devices import cpu_name, seed_everything
+from .devices import cpu_name, keep_freed_memory, seed_everything
+from .inference import num_threads
 from .loop import autocast_context, train_epoch
 from .memory import format_bytes, peak_memory, saved_tensors_meter
 from .models import MLP, SmallCNN, deep_linear_stack
@@ -53,8 +57,9 @@ def machine_info(device: torch.device) -> dict:
 def machine_line(info: dict) -> str:
     """One line naming the machine, printed at the top of every section."""
     gpu = f", GPU {info['gpu']}" if "gpu" in info else ""
+    malloc = f", malloc {info['malloc']}" if "malloc" in info else ""
     return (f"[{info['cpu']}, {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}, "
-            f"device {info['device']}{gpu}]")
+            f"device {info['device']}{gpu}{malloc}]")
 
 
 # ---------------------------------------------------------------- section 1: loop overhead
@@ -76,18 +81,37 @@ def _hand_loop(model, loader, optimizer, device, *, accumulation_steps=1, amp=No
             optimizer.zero_grad(set_to_none=True)
 
 
-def loop_overhead(device: torch.device, *, repeat: int, warmup: int = 3) -> list[dict]:
-    """train_epoch against the hand-written loop, same model, data and seed, interleaved."""
-    train8, train28 = DigitsDataset("train"), DigitsDataset("train", size=28)
-    cases = [
-        ("MLP, batch 32", MLP, train8, 32, {}),
-        ("CNN 28x28, batch 64", SmallCNN, train28, 64, {}),
-        ("CNN 28x28, progress bar", SmallCNN, train28, 64, {"bar": True}),
-        ("MLP, accumulation 4", MLP, train8, 16, {"accumulation_steps": 4}),
-        ("CNN 28x28, bf16 autocast", SmallCNN, train28, 64, {"amp": "bf16"}),
-    ]
+def repeats_for(seconds_per_call: float, *, budget_s: float, calls_per_round: int, least: int,
+                most: int) -> int:
+    """How many timed rounds fit in `budget_s`, kept within [least, most]."""
+    if seconds_per_call <= 0:
+        return most
+    return max(least, min(most, int(budget_s / (calls_per_round * seconds_per_call))))
+
+
+LOOP_CASES = [  # name, model, image size, batch size, options
+    ("MLP, batch 32", MLP, 8, 32, {}),
+    ("CNN 28x28, batch 64", SmallCNN, 28, 64, {}),
+    ("CNN 28x28, progress bar", SmallCNN, 28, 64, {"bar": True}),
+    ("MLP, accumulation 4", MLP, 8, 16, {"accumulation_steps": 4}),
+    ("MLP, bf16 autocast", MLP, 8, 32, {"amp": "bf16"}),
+]
+
+
+def loop_overhead(device: torch.device, *, budget_s: float, samples: int | None = None, least: int = 10,
+                  most: int = 400, warmup: int = 3) -> list[dict]:
+    """train_epoch against the hand-written loop, same model, data and seed, interleaved.
+
+    Each case gets about `budget_s` seconds of timed epochs (at least `least` rounds, at most `most`);
+    `samples` limits the training set, so one epoch stays short and many rounds fit.
+    """
+    from torch.utils.data import Subset
+
     rows = []
-    for name, factory, dataset, batch_size, options in cases:
+    for name, factory, size, batch_size, options in LOOP_CASES:
+        dataset = DigitsDataset("train", size=size)
+        if samples is not None:
+            dataset = Subset(dataset, range(min(samples, len(dataset))))
         runs = {}
         for who in ("helpers", "hand-written"):
             seed_everything(0)
@@ -100,11 +124,13 @@ def loop_overhead(device: torch.device, *, repeat: int, warmup: int = 3) -> list
                     amp=options.get("amp"), progress=options.get("bar", False)))
             else:
                 runs[who] = (lambda m=model, o=optimizer, l=loader: _hand_loop(m, l, o, device, **options))
-        seconds = time_interleaved(runs, repeat=repeat, warmup=warmup, device=device)
-        samples = len(dataset)
-        rows.append({"case": name,
-                     "hand samples/s": samples / median(seconds["hand-written"]),
-                     "helpers samples/s": samples / median(seconds["helpers"]),
+        probe = time_interleaved(runs, repeat=1, warmup=warmup, device=device)
+        repeat = repeats_for(max(max(v) for v in probe.values()), budget_s=budget_s,
+                             calls_per_round=len(runs), least=least, most=most)
+        seconds = time_interleaved(runs, repeat=repeat, warmup=0, device=device)
+        rows.append({"case": name, "epochs": repeat,
+                     "hand samples/s": len(dataset) / median(seconds["hand-written"]),
+                     "helpers samples/s": len(dataset) / median(seconds["helpers"]),
                      "ratio": throughput_ratio(seconds["helpers"], seconds["hand-written"])})
     return rows
 
@@ -221,11 +247,9 @@ def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iter
     seed_everything(0)
     model = SmallCNN().to(device).eval()
     modes = {"plain": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
-    previous = torch.get_num_threads()
     rows = []
-    try:
-        for count in threads if device.type == "cpu" else [previous]:
-            torch.set_num_threads(count)
+    for count in threads if device.type == "cpu" else [None]:
+        with num_threads(count):
             for batch in batch_sizes:
                 inputs = torch.rand(batch, 1, 28, 28, device=device)
 
@@ -237,11 +261,9 @@ def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iter
                                            device=device)
                 for mode in modes:
                     latency = median(seconds[mode])
-                    rows.append({"threads": count, "batch": batch, "mode": mode, "latency ms": 1e3 * latency,
-                                 "samples/s": batch / latency,
+                    rows.append({"threads": torch.get_num_threads(), "batch": batch, "mode": mode,
+                                 "latency ms": 1e3 * latency, "samples/s": batch / latency,
                                  "speed-up vs plain": median_ratio(seconds["plain"], seconds[mode])})
-    finally:
-        torch.set_num_threads(previous)
     return rows
 
 
@@ -277,7 +299,8 @@ def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[],
     sizes = dict(width=256, depth=20, batch=128) if quick else dict(width=1024, depth=20, batch=256)
     return [
         ("1. Loop overhead (helpers.loop.train_epoch vs the hand-written loop)",
-         lambda: loop_overhead(device, repeat=repeat), ["case", "hand samples/s", "helpers samples/s", "ratio"]),
+         lambda: loop_overhead(device, budget_s=6 if quick else 30, samples=256 if quick else None),
+         ["case", "epochs", "hand samples/s", "helpers samples/s", "ratio"]),
         ("2. DataLoader on PNG files",
          lambda: dataloader_throughput(device, workers=(0, 2) if quick else (0, 1, 2),
                                        batch_sizes=(64,) if quick else (32, 128), epochs=2),
@@ -310,14 +333,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a reduced run, under a minute on a 2-core CPU")
     parser.add_argument("--json", default=str(PROJECT / "bench-results.json"), help="where to write the figures")
     parser.add_argument("--skip-notebooks", action="store_true", help="leave out section 6 (the notebook suite)")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="leave glibc's malloc as it is (by default freed memory is kept: steady CPU timings)")
     args = parser.parse_args(argv)
+    kept = False if args.default_malloc else keep_freed_memory()
 
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    malloc = "keeps freed memory" if kept else "as the system sets it"
     results: dict = {"quick": args.quick, "machines": {}, "sections": {}}
     plan = [(device, *section) for device in devices for section in _sections(device, args.quick)]
     with tqdm(total=len(plan) + (0 if args.quick or args.skip_notebooks else 1), desc="bench", unit="section") as bar:
         for device, title, run, columns in plan:
-            info = machine_info(device)
+            info = {**machine_info(device), "malloc": malloc}
             results["machines"][device.type] = info
             bar.set_postfix_str(f"{title.split('(')[0].strip()} on {device.type}")
             rows = [{"device": device.type, **row} for row in run()]
@@ -331,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             rows = notebook_suite()
             results["sections"][title] = rows
             tqdm.write(f"\n{format_table(rows, ['notebook', 'seconds'], title=title)}")
-            tqdm.write(machine_line(machine_info(devices[0])))
+            tqdm.write(machine_line(machine_info(devices[0])))  # the notebooks ran in their own processes
             bar.update(1)
     if args.quick or args.skip_notebooks:
         print("\n6. Notebook suite: skipped (run without --quick, or see `make test`'s durations)")

@@ -1,4 +1,6 @@
 """The benchmark's table, ratio and report code on tiny inputs (not the speed itself)."""
+import json
+
 import pytest
 import torch
 
@@ -42,3 +44,41 @@ def test_mixed_precision_rows_on_cpu():
     rows = bench.mixed_precision(torch.device("cpu"), batch=4, repeat=1)
     assert [row["precision"] for row in rows] == ["fp32", "bf16"]
     assert rows[1]["memory ratio"] < 1.0
+
+
+def test_repeats_for_fits_the_budget_within_bounds():
+    assert bench.repeats_for(0.01, budget_s=1.0, calls_per_round=2, least=3, most=1000) == 50
+    assert bench.repeats_for(10.0, budget_s=1.0, calls_per_round=2, least=3, most=1000) == 3
+    assert bench.repeats_for(1e-6, budget_s=1.0, calls_per_round=2, least=3, most=40) == 40
+    assert bench.repeats_for(0.0, budget_s=1.0, calls_per_round=2, least=3, most=40) == 40
+
+
+def test_loop_overhead_gives_one_row_per_case_on_a_tiny_run():
+    rows = bench.loop_overhead(torch.device("cpu"), budget_s=0.0, samples=64, least=2, most=2, warmup=1)
+    assert [row["case"] for row in rows] == [case[0] for case in bench.LOOP_CASES]
+    for row in rows:
+        assert row["epochs"] == 2
+        assert row["hand samples/s"] > 0 and row["helpers samples/s"] > 0 and row["ratio"] > 0
+
+
+def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, monkeypatch, capsys):
+    def tiny_sections(device, quick):
+        def loop():
+            return [{"case": "a", "epochs": 3, "ratio": bench.throughput_ratio([1.25, 2.5], [1.0, 2.0])},
+                    {"case": "b", "epochs": 3, "ratio": 1.0}]
+        return [("1. Loop", loop, ["case", "epochs", "ratio"]),
+                ("3. Checkpointing", lambda: [{"segments": 0, "memory ratio": 1.0, "time ratio": 1.0},
+                                              {"segments": 10, "memory ratio": 0.5, "time ratio": 1.5}],
+                 ["segments", "memory ratio", "time ratio"]),
+                ("4. Precision", lambda: [{"precision": "bf16", "memory ratio": 0.5, "time ratio": 2.0}],
+                 ["precision", "memory ratio", "time ratio"])]
+
+    monkeypatch.setattr(bench, "_sections", tiny_sections)
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    results = bench.main(["--quick", "--default-malloc", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert "1. Loop on cpu" in out and "segments" in out and "malloc as the system sets it" in out
+    assert out.rstrip().splitlines()[-1] == "loop throughput ratio (helpers/hand-written): 0.800"
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["summary"]["loop_ratio_min"] == pytest.approx(0.8) == results["summary"]["loop_ratio_min"]
+    assert [row["case"] for row in saved["sections"]["1. Loop"]] == ["a", "b"]
