@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,17 @@ def throughput_ratio(helper_seconds: Sequence[float], hand_seconds: Sequence[flo
     Same work per repetition, so samples/s ratio = hand time / helper time.
     """
     return median_ratio(list(hand_seconds), list(helper_seconds))
+
+
+def ratio_quartiles(helper_seconds: Sequence[float], hand_seconds: Sequence[float]) -> tuple[float, float]:
+    """First and third quartile of the per-repetition throughput ratios: how steady the median is."""
+    if len(helper_seconds) != len(hand_seconds) or not helper_seconds:
+        raise ValueError(f"need two equally long, non-empty lists, got {len(helper_seconds)} and {len(hand_seconds)}")
+    ratios = [hand / helper for helper, hand in zip(helper_seconds, hand_seconds)]
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
+    return first, third
 
 
 def machine_info(device: torch.device) -> dict:
@@ -131,7 +143,9 @@ def loop_overhead(device: torch.device, *, budget_s: float, samples: int | None 
         rows.append({"case": name, "epochs": repeat,
                      "hand samples/s": len(dataset) / median(seconds["hand-written"]),
                      "helpers samples/s": len(dataset) / median(seconds["helpers"]),
-                     "ratio": throughput_ratio(seconds["helpers"], seconds["hand-written"])})
+                     "ratio": throughput_ratio(seconds["helpers"], seconds["hand-written"]),
+                     "middle half": "{:.3f}-{:.3f}".format(*ratio_quartiles(seconds["helpers"],
+                                                                           seconds["hand-written"]))})
     return rows
 
 
@@ -300,7 +314,7 @@ def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[],
     return [
         ("1. Loop overhead (helpers.loop.train_epoch vs the hand-written loop)",
          lambda: loop_overhead(device, budget_s=6 if quick else 30, samples=256 if quick else None),
-         ["case", "epochs", "hand samples/s", "helpers samples/s", "ratio"]),
+         ["case", "epochs", "hand samples/s", "helpers samples/s", "ratio", "middle half"]),
         ("2. DataLoader on PNG files",
          lambda: dataloader_throughput(device, workers=(0, 2) if quick else (0, 1, 2),
                                        batch_sizes=(64,) if quick else (32, 128), epochs=2),

@@ -59,6 +59,8 @@ def test_loop_overhead_gives_one_row_per_case_on_a_tiny_run():
     for row in rows:
         assert row["epochs"] == 2
         assert row["hand samples/s"] > 0 and row["helpers samples/s"] > 0 and row["ratio"] > 0
+        first, third = map(float, row["middle half"].split("-"))
+        assert first <= row["ratio"] <= third
 
 
 def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, monkeypatch, capsys):
@@ -82,3 +84,13 @@ def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, m
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["summary"]["loop_ratio_min"] == pytest.approx(0.8) == results["summary"]["loop_ratio_min"]
     assert [row["case"] for row in saved["sections"]["1. Loop"]] == ["a", "b"]
+
+
+def test_ratio_quartiles_bound_the_middle_half_of_the_per_round_ratios():
+    hand = [1.0, 1.0, 1.0, 1.0, 1.0]
+    helpers = [1 / 0.90, 1 / 0.95, 1.0, 1 / 1.05, 1 / 1.10]  # ratios 0.90 .. 1.10
+    first, third = bench.ratio_quartiles(helpers, hand)
+    assert first == pytest.approx(0.95) and third == pytest.approx(1.05)
+    assert bench.ratio_quartiles([2.0], [1.0]) == (0.5, 0.5)
+    with pytest.raises(ValueError):
+        bench.ratio_quartiles([1.0, 2.0], [1.0])
