@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from .loop import autocast_context, train_epoch
 from .memory import format_bytes, peak_memory, saved_tensors_meter
 from .models import MLP, SmallCNN, deep_linear_stack
 from .tables import format_table
-from .timing import median, median_ratio, time_interleaved
+from .timing import median, median_ratio, ratio_quartiles, time_interleaved
 
 LOSS = nn.CrossEntropyLoss()
 PROJECT = Path(__file__).resolve().parent.parent
@@ -44,17 +43,6 @@ def throughput_ratio(helper_seconds: Sequence[float], hand_seconds: Sequence[flo
     Same work per repetition, so samples/s ratio = hand time / helper time.
     """
     return median_ratio(list(hand_seconds), list(helper_seconds))
-
-
-def ratio_quartiles(helper_seconds: Sequence[float], hand_seconds: Sequence[float]) -> tuple[float, float]:
-    """First and third quartile of the per-repetition throughput ratios: how steady the median is."""
-    if len(helper_seconds) != len(hand_seconds) or not helper_seconds:
-        raise ValueError(f"need two equally long, non-empty lists, got {len(helper_seconds)} and {len(hand_seconds)}")
-    ratios = [hand / helper for helper, hand in zip(helper_seconds, hand_seconds)]
-    if len(ratios) == 1:
-        return ratios[0], ratios[0]
-    first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
-    return first, third
 
 
 def machine_info(device: torch.device) -> dict:
@@ -144,8 +132,8 @@ def loop_overhead(device: torch.device, *, budget_s: float, samples: int | None 
                      "hand samples/s": len(dataset) / median(seconds["hand-written"]),
                      "helpers samples/s": len(dataset) / median(seconds["helpers"]),
                      "ratio": throughput_ratio(seconds["helpers"], seconds["hand-written"]),
-                     "middle half": "{:.3f}-{:.3f}".format(*ratio_quartiles(seconds["helpers"],
-                                                                           seconds["hand-written"]))})
+                     "middle half": "{:.3f}-{:.3f}".format(*ratio_quartiles(seconds["hand-written"],
+                                                                           seconds["helpers"]))})
     return rows
 
 

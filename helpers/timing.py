@@ -75,8 +75,21 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def median_ratio(numerator: list[float], denominator: list[float]) -> float:
-    """Median of pairwise ratios numerator[i] / denominator[i] from an interleaved run."""
+def _pairwise_ratios(numerator: list[float], denominator: list[float]) -> list[float]:
     if len(numerator) != len(denominator) or not numerator:
         raise ValueError(f"need two equally long, non-empty lists, got {len(numerator)} and {len(denominator)}")
-    return statistics.median(a / b for a, b in zip(numerator, denominator))
+    return [a / b for a, b in zip(numerator, denominator)]
+
+
+def median_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median of pairwise ratios numerator[i] / denominator[i] from an interleaved run."""
+    return statistics.median(_pairwise_ratios(numerator, denominator))
+
+
+def ratio_quartiles(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
+    """First and third quartile of the same pairwise ratios: how steady their median is."""
+    ratios = _pairwise_ratios(numerator, denominator)
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
+    return first, third

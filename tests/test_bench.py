@@ -85,12 +85,3 @@ def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, m
     assert saved["summary"]["loop_ratio_min"] == pytest.approx(0.8) == results["summary"]["loop_ratio_min"]
     assert [row["case"] for row in saved["sections"]["1. Loop"]] == ["a", "b"]
 
-
-def test_ratio_quartiles_bound_the_middle_half_of_the_per_round_ratios():
-    hand = [1.0, 1.0, 1.0, 1.0, 1.0]
-    helpers = [1 / 0.90, 1 / 0.95, 1.0, 1 / 1.05, 1 / 1.10]  # ratios 0.90 .. 1.10
-    first, third = bench.ratio_quartiles(helpers, hand)
-    assert first == pytest.approx(0.95) and third == pytest.approx(1.05)
-    assert bench.ratio_quartiles([2.0], [1.0]) == (0.5, 0.5)
-    with pytest.raises(ValueError):
-        bench.ratio_quartiles([1.0, 2.0], [1.0])

@@ -1,6 +1,6 @@
 import pytest
 
-from helpers.timing import median, median_ratio, time_call, time_interleaved
+from helpers.timing import median, median_ratio, ratio_quartiles, time_call, time_interleaved
 
 
 def test_time_call_warms_up_then_times():
@@ -41,3 +41,11 @@ def test_bad_inputs():
         median([])
     with pytest.raises(ValueError, match="equally long"):
         median_ratio([1.0], [1.0, 2.0])
+
+
+def test_ratio_quartiles_bound_the_middle_half_of_the_pairwise_ratios():
+    first, third = ratio_quartiles([0.90, 0.95, 1.0, 1.05, 1.10], [1.0] * 5)
+    assert first == pytest.approx(0.95) and third == pytest.approx(1.05)
+    assert ratio_quartiles([1.0], [2.0]) == (0.5, 0.5)
+    with pytest.raises(ValueError):
+        ratio_quartiles([1.0, 2.0], [1.0])
