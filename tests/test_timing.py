@@ -49,3 +49,13 @@ def test_ratio_quartiles_bound_the_middle_half_of_the_pairwise_ratios():
     assert ratio_quartiles([1.0], [2.0]) == (0.5, 0.5)
     with pytest.raises(ValueError):
         ratio_quartiles([1.0, 2.0], [1.0])
+
+
+def test_ratio_quartiles_keep_the_median_between_them_also_when_printed():
+    # two rounds with close ratios: the first quartile prints as 1.035 while the median is 1.03480
+    numerator, denominator = [1.0346, 1.0350], [1.0, 1.0]
+    first, third = ratio_quartiles(numerator, denominator)
+    middle = median_ratio(numerator, denominator)
+    assert first <= middle <= third
+    assert f"{first:.3f}" == "1.035" and middle < 1.035  # what a raw comparison with the printed value trips on
+    assert float(f"{first:.3f}") <= round(middle, 3) <= float(f"{third:.3f}")
