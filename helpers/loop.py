@@ -30,11 +30,25 @@ def _check_amp(amp: str | None) -> None:
         raise ValueError(f"amp must be None, 'bf16' or 'fp16', got {amp!r}")
 
 
-def _check_model_device(model: nn.Module, device: torch.device) -> None:
-    param = next(model.parameters(), None)
+def _check_parameter_device(param: torch.Tensor | None, device: torch.device) -> None:
     if param is not None and param.device.type != device.type:
         raise ValueError(f"device is {device} but the model's parameters are on {param.device}; "
                          f"call model.to({str(device)!r}) first (and build the optimizer after it)")
+
+
+def _check_model_device(model: nn.Module, device: torch.device) -> None:
+    _check_parameter_device(next(model.parameters(), None), device)
+
+
+def _first_optimized_parameter(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """The optimizer's first parameter: one of the model's, found without walking the module tree.
+
+    (`model.to(...)` moves parameters in place, so these are the very tensors the model uses.)
+    """
+    for group in optimizer.param_groups:
+        if group["params"]:
+            return group["params"][0]
+    return None
 
 
 def _check_loader(loader: Iterable) -> None:
@@ -98,7 +112,7 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     _check_loader(loader)
-    _check_model_device(model, device)
+    _check_parameter_device(_first_optimized_parameter(optimizer), device)
     if scaler is None:
         scaler = make_grad_scaler(device, amp)
     non_blocking = device.type == "cuda"
@@ -153,6 +167,8 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
         if scheduler is not None and stepped:
             scheduler.step()
         optimizer_steps += 1
+    if bar is not None:
+        bar.close()  # leave=False: the bar goes once the epoch is done (fit's epoch bar shows the loss)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
@@ -162,9 +178,6 @@ def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optim
     if not read_now:
         losses = torch.stack(losses).float().tolist()  # the one sync of the epoch
     mean_loss = sum(loss * size for loss, size in zip(losses, sizes)) / samples
-    if bar is not None:
-        bar.set_postfix(loss=f"{mean_loss:.4f}")
-        bar.close()
     return {"loss": mean_loss, "samples": samples, "micro_batches": len(sizes),
             "optimizer_steps": optimizer_steps, "seconds": seconds, "samples_per_s": samples / seconds}
 

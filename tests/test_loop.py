@@ -145,6 +145,15 @@ def test_train_epoch_rejects_a_non_optimizer():
         train_epoch(MLP(), [], "sgd", LOSS, device="cpu", progress=False)
 
 
+def test_train_epoch_and_evaluate_name_a_model_left_on_another_device(digits):
+    model = MLP().to("meta")  # parameters without storage: any device other than the one asked for
+    with pytest.raises(ValueError, match=r"parameters are on meta; call model.to\('cpu'\) first"):
+        train_epoch(model, make_loader(digits[1]), torch.optim.SGD(model.parameters(), lr=0.1), LOSS,
+                    device="cpu", progress=False)
+    with pytest.raises(ValueError, match=r"model.to\('cpu'\)"):
+        evaluate(model, make_loader(digits[1]), LOSS, device="cpu")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to put the model elsewhere")
 def test_train_epoch_names_a_device_mismatch(digits):
     model = MLP()
