@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from helpers import bench
+from helpers.data import DigitsDataset
 
 
 def test_throughput_ratio_is_hand_time_over_helper_time():
@@ -55,12 +56,27 @@ def test_repeats_for_fits_the_budget_within_bounds():
 
 def test_loop_overhead_gives_one_row_per_case_on_a_tiny_run():
     rows = bench.loop_overhead(torch.device("cpu"), budget_s=0.0, samples=64, least=2, most=2, warmup=1)
-    assert [row["case"] for row in rows] == [case[0] for case in bench.LOOP_CASES]
+    assert [row["case"] for row in rows] == [case.name for case in bench.LOOP_CASES]
     for row in rows:
-        assert row["epochs"] == 2
+        assert row["epochs"] == 2 and row["samples/epoch"] == 64
         assert row["hand samples/s"] > 0 and row["helpers samples/s"] > 0 and row["ratio"] > 0
+        # the quartiles are printed to 3 decimals; rounding keeps order, so compare the ratio rounded alike
         first, third = map(float, row["middle half"].split("-"))
-        assert first <= row["ratio"] <= third
+        assert first <= round(row["ratio"], 3) <= third
+
+
+def test_loop_overhead_times_each_case_on_its_own_epoch_length():
+    rows = bench.loop_overhead(torch.device("cpu"), budget_s=0.0, least=1, most=1, warmup=0)
+    whole = len(DigitsDataset("train"))
+    assert [row["samples/epoch"] for row in rows] == [case.samples or whole for case in bench.LOOP_CASES]
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_loop_overhead_gives_each_case_its_own_time(monkeypatch, quick):
+    asked = []
+    monkeypatch.setattr(bench, "repeats_for", lambda seconds, *, budget_s, **bounds: asked.append(budget_s) or 1)
+    bench.loop_overhead(torch.device("cpu"), quick=quick, samples=32, warmup=0)
+    assert asked == [case.seconds[0 if quick else 1] for case in bench.LOOP_CASES]
 
 
 def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, monkeypatch, capsys):
