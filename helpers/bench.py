@@ -97,7 +97,7 @@ class LoopCase(NamedTuple):
     batch_size: int
     options: dict
     samples: int | None     # training samples per epoch: the first ones of the digits' training split (None: all)
-    seconds: tuple          # timed seconds in a --quick run and in a full run
+    seconds: tuple[float, float]  # timed seconds in a --quick run and in a full run
 
 
 # The MLP trains on whole epochs of the training split (45 steps), so its fixed per-epoch cost (argument
@@ -125,7 +125,6 @@ def loop_overhead(device: torch.device, *, quick: bool = False, budget_s: float 
 
     rows = []
     for case in LOOP_CASES:
-        options = case.options
         dataset = DigitsDataset("train", size=case.image_size)
         limit = case.samples if samples is None else samples
         if limit is not None:
@@ -139,10 +138,10 @@ def loop_overhead(device: torch.device, *, quick: bool = False, budget_s: float 
             loader = make_loader(dataset, batch_size=case.batch_size, shuffle=True, seed=0)
             if who == "helpers":
                 runs[who] = (lambda m=model, o=optimizer, l=loader: train_epoch(
-                    m, l, o, LOSS, device=device, accumulation_steps=options.get("accumulation_steps", 1),
-                    amp=options.get("amp"), progress=options.get("bar", False)))
+                    m, l, o, LOSS, device=device, accumulation_steps=case.options.get("accumulation_steps", 1),
+                    amp=case.options.get("amp"), progress=case.options.get("bar", False)))
             else:
-                runs[who] = (lambda m=model, o=optimizer, l=loader: _hand_loop(m, l, o, device, **options))
+                runs[who] = (lambda m=model, o=optimizer, l=loader: _hand_loop(m, l, o, device, **case.options))
         probe = time_interleaved(runs, repeat=1, warmup=warmup, device=device)
         repeat = repeats_for(max(max(v) for v in probe.values()), budget_s=budget,
                              calls_per_round=len(runs), least=least, most=most)
