@@ -27,10 +27,10 @@ test: $(STAMP)
 
 # The performance table: `make bench` (under 10 minutes on 2 cores), `make bench-quick` (under one).
 bench: $(STAMP)
-	$(PY) -m helpers.bench $(BENCH_ARGS)
+	$(PY) -m helpers.cli.bench $(BENCH_ARGS)
 
 bench-quick: $(STAMP)
-	$(PY) -m helpers.bench --quick $(BENCH_ARGS)
+	$(PY) -m helpers.cli.bench --quick $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

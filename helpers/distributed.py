@@ -370,7 +370,7 @@ def _stop(processes: list, grace_s: float = 5.0) -> None:
 def torchrun_command(module: str, args: Sequence[str] = (), *, nproc_per_node: int = 2) -> list[str]:
     """The command line `torchrun --standalone --nproc_per_node=N -m module args...`, via this Python."""
     if not isinstance(module, str) or not module.replace(".", "").replace("_", "").isalnum():
-        raise ValueError(f"module must be a dotted module name such as 'helpers.train_ddp', got {module!r}")
+        raise ValueError(f"module must be a dotted module name such as 'helpers.cli.train_ddp', got {module!r}")
     _check_positive_int("nproc_per_node", nproc_per_node)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
             "-m", module, *[str(arg) for arg in args]]

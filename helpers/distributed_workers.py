@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .data import DigitsDataset
 from .distributed import GlobalBatchSampler, all_reduce_metrics, rank_device, run_torchrun
-from .train_ddp import TrainConfig, build_model, build_optimizer
-from .widgets import int_range, log_float
+from .cli.train_ddp import TrainConfig, build_model, build_optimizer
+from .knobs import int_range, log_float
 
 FAILURE_MODES = ("raise", "exit", "hang")
 
@@ -238,7 +238,7 @@ def run_experiment(world_size: int = 2, batch_per_rank: int = 32, epochs: int = 
     config = TrainConfig(epochs=epochs, batch_size=batch_per_rank, lr=lr, seed=seed, progress=False)
     with tempfile.TemporaryDirectory(prefix="ddp-run-") as out:
         start = time.perf_counter()
-        output = run_torchrun("helpers.train_ddp", [
+        output = run_torchrun("helpers.cli.train_ddp", [
             "--epochs", epochs, "--batch-size", batch_per_rank, "--lr", lr, "--seed", seed,
             "--hidden", *config.hidden, "--out", out, "--no-progress",
             "--timeout-s", timeout_s], nproc_per_node=world_size, timeout_s=timeout_s)

@@ -21,7 +21,7 @@ from .devices import pick_device, seed_everything
 from .loop import autocast_context, fit, make_grad_scaler
 from .models import MLP
 from .timing import median, median_ratio, time_interleaved
-from .widgets import check_values, choice, int_range, log_float
+from .knobs import check_values, choice, int_range, log_float
 
 LR_RULES = ("none", "linear", "sqrt")
 HIDDEN = (128, 64)  # the lesson-03 MLP: 64 -> 128 -> 64 -> 10

@@ -15,7 +15,7 @@ from .devices import pick_device, seed_everything
 from .inference import compare_compiled, format_table, measure_inference, series_by
 from .loop import evaluate, fit
 from .models import SmallCNN
-from .widgets import check_values, checkbox, choice, float_range, int_range
+from .knobs import check_values, checkbox, choice, float_range, int_range
 
 CPU_CORES = os.cpu_count() or 1
 

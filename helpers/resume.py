@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from .checkpoint import CheckpointManager, load_checkpoint
-from .widgets import check_values, float_range, int_range
+from .knobs import check_values, float_range, int_range
 
 
 class ResumableSampler(Sampler[int]):

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from helpers import bench
+from helpers.cli import bench
 from helpers.data import DigitsDataset
 
 

@@ -150,14 +150,14 @@ def test_launch_refuses_nccl_without_a_gpu_per_rank():
 
 
 def test_torchrun_command_and_its_checks():
-    command = torchrun_command("helpers.train_ddp", ["--epochs", 2], nproc_per_node=3)
+    command = torchrun_command("helpers.cli.train_ddp", ["--epochs", 2], nproc_per_node=3)
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in command and "--nproc_per_node=3" in command
-    assert command[-4:] == ["-m", "helpers.train_ddp", "--epochs", "2"]
+    assert command[-4:] == ["-m", "helpers.cli.train_ddp", "--epochs", "2"]
     with pytest.raises(ValueError, match="module must be a dotted module name"):
         torchrun_command("rm -rf /")
     with pytest.raises(ValueError, match="nproc_per_node must be a positive int"):
-        torchrun_command("helpers.train_ddp", nproc_per_node=0)
+        torchrun_command("helpers.cli.train_ddp", nproc_per_node=0)
 
 
 # ---------------------------------------------------------------- real launches (2 gloo processes)
@@ -239,7 +239,7 @@ def test_a_hanging_rank_hits_the_timeout_and_every_rank_is_stopped(tmp_path):
 def test_run_torchrun_stops_a_run_that_takes_too_long():
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="did not finish within timeout_s=2"):
-        run_torchrun("helpers.train_ddp", ["--epochs", "1000", "--no-progress"], nproc_per_node=2, timeout_s=2)
+        run_torchrun("helpers.cli.train_ddp", ["--epochs", "1000", "--no-progress"], nproc_per_node=2, timeout_s=2)
     assert time.monotonic() - start < 2 + 15
 
 

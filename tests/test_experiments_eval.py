@@ -5,7 +5,7 @@ import pytest
 
 from helpers.experiments_eval import SPEC, EvalRun, run_experiment, sweep_batch_sizes, sweep_threads
 from helpers.inference import num_threads
-from helpers.widgets import check_values
+from helpers.knobs import check_values
 
 SMALL = dict(seed=3, epochs=1, channels=4, dropout=0.2, max_batch_size=16, max_threads=1, repeat=3, compile=False)
 # One thread: on a busy machine, two threads per process can make these small runs many times slower.

@@ -1,4 +1,4 @@
-"""helpers.train_ddp under `torchrun --standalone --nproc_per_node=2`: rank-0 logs, plain checkpoint, faithful result."""
+"""helpers.cli.train_ddp under `torchrun --standalone --nproc_per_node=2`: rank-0 logs, plain checkpoint, faithful result."""
 import json
 import os
 import subprocess
@@ -11,7 +11,7 @@ import torch
 from helpers.checkpoint import load_checkpoint
 from helpers.distributed_workers import train_single_process
 from helpers.models import MLP
-from helpers.train_ddp import TrainConfig, main, parse_args
+from helpers.cli.train_ddp import TrainConfig, main, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ def _torchrun(*args: str) -> list[str]:
     """The `torchrun` next to this Python (the virtual environment's), else `python -m torch.distributed.run`."""
     script = Path(sys.executable).with_name("torchrun")
     launcher = [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    return [*launcher, "--standalone", "--nproc_per_node=2", "-m", "helpers.train_ddp", *args]
+    return [*launcher, "--standalone", "--nproc_per_node=2", "-m", "helpers.cli.train_ddp", *args]
 
 
 def test_torchrun_two_ranks_trains_logs_once_and_saves_a_plain_checkpoint(tmp_path):

@@ -1,4 +1,4 @@
-"""The package's performance table: `python -m helpers.bench [--quick]` (or `make bench`).
+"""The package's performance table: `python -m helpers.cli.bench [--quick]` (or `make bench`).
 
 Every figure is measured here and now; comparisons are ratios taken in the same run, in interleaved
 repetitions after warm-up, because absolute times differ from machine to machine. On Linux the run
@@ -22,14 +22,14 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 import torch
 from torch import nn
 
-from .data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
-from .devices import cpu_name, keep_freed_memory, seed_everything
-from .inference import num_threads
-from .loop import autocast_context, train_epoch
-from .memory import format_bytes, peak_memory, saved_tensors_meter
-from .models import MLP, SmallCNN, deep_linear_stack
-from .tables import format_table
-from .timing import median, median_ratio, ratio_quartiles, time_interleaved
+from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
+from helpers.devices import cpu_name, keep_freed_memory, seed_everything
+from helpers.inference import num_threads
+from helpers.loop import autocast_context, train_epoch
+from helpers.memory import format_bytes, peak_memory, saved_tensors_meter
+from helpers.models import MLP, SmallCNN, deep_linear_stack
+from helpers.tables import format_table
+from helpers.timing import median, median_ratio, ratio_quartiles, time_interleaved
 
 LOSS = nn.CrossEntropyLoss()
 PROJECT = Path(__file__).resolve().parent.parent
@@ -230,7 +230,7 @@ def activation_checkpointing(device: torch.device, *, width: int, depth: int, ba
 
 def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[dict]:
     """Step time and saved-activation bytes, fp32 against bf16 (and fp16 with GradScaler on CUDA)."""
-    from .experiments_accumulation import AMP_OF, precisions_for, time_training_steps
+    from helpers.experiments_accumulation import AMP_OF, precisions_for, time_training_steps
 
     precisions = precisions_for(device)
     seed_everything(0)
@@ -349,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Run the suite, print a table per section and a summary, write the figures as JSON."""
     from tqdm.auto import tqdm
 
-    parser = argparse.ArgumentParser(prog="python -m helpers.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.cli.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a reduced run, under a minute on a 2-core CPU")
     parser.add_argument("--json", default=str(PROJECT / "bench-results.json"), help="where to write the figures")
     parser.add_argument("--skip-notebooks", action="store_true", help="leave out section 6 (the notebook suite)")

@@ -2,21 +2,21 @@
 
 One machine, 2 processes (CPU with gloo here; 2 GPUs with nccl, picked automatically):
 
-    torchrun --standalone --nproc_per_node=2 -m helpers.train_ddp --epochs 5 --out runs/ddp
+    torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp --epochs 5 --out runs/ddp
 
 Several machines, here 2 nodes with 4 GPUs each. Either a fixed rank per node (static rendezvous;
 run on every node, with --node_rank=0 on the node at MASTER_ADDR and --node_rank=1 on the other):
 
     torchrun --nnodes=2 --nproc_per_node=4 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 \\
-        -m helpers.train_ddp --epochs 5
+        -m helpers.cli.train_ddp --epochs 5
     torchrun --nnodes=2 --nproc_per_node=4 --node_rank=1 --master_addr=10.0.0.1 --master_port=29500 \\
-        -m helpers.train_ddp --epochs 5
+        -m helpers.cli.train_ddp --epochs 5
 
 or the same command on every node, ranks handed out when the nodes meet (c10d rendezvous, which
 also allows elastic ranges such as --nnodes=1:4 and restarts with --max_restarts):
 
     torchrun --nnodes=2 --nproc_per_node=4 --rdzv_id=digits42 --rdzv_backend=c10d \\
-        --rdzv_endpoint=10.0.0.1:29400 -m helpers.train_ddp --epochs 5
+        --rdzv_endpoint=10.0.0.1:29400 -m helpers.cli.train_ddp --epochs 5
 
 torchrun gives every process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the script
 reads them through init_process_group("env://"). Run without torchrun it trains as a world of one.
@@ -40,11 +40,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from .checkpoint import save_checkpoint, unwrap_model
-from .data import DigitsDataset
-from .distributed import (all_reduce_metrics, default_backend, find_free_port, print_rank0, setup_process_group,
+from helpers.checkpoint import save_checkpoint, unwrap_model
+from helpers.data import DigitsDataset
+from helpers.distributed import (all_reduce_metrics, default_backend, find_free_port, print_rank0, setup_process_group,
                           teardown_process_group)
-from .models import MLP
+from helpers.models import MLP
 
 
 @dataclass
@@ -186,7 +186,7 @@ def _train(config: TrainConfig, rank: int, world_size: int, device: torch.device
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     """Command-line arguments to a TrainConfig."""
-    parser = argparse.ArgumentParser(prog="torchrun --standalone --nproc_per_node=2 -m helpers.train_ddp",
+    parser = argparse.ArgumentParser(prog="torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp",
                                      description="Train the course MLP on the digits with DDP.")
     defaults = TrainConfig()
     parser.add_argument("--epochs", type=int, default=defaults.epochs)

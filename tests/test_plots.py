@@ -1,0 +1,38 @@
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from helpers.plots import LivePlot, bar_chart, confusion_matrix_plot, line_chart
+
+
+def test_live_plot_accumulates_rows_outside_jupyter():
+    plot = LivePlot(["train_loss", "val_accuracy"])
+    plot.update({"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5})
+    plot.update({"epoch": 2, "train_loss": 0.5, "val_accuracy": 0.8})
+    assert isinstance(plot.figure, Figure) and len(plot.axes) == 2
+    assert list(plot.axes[0].lines[0].get_ydata()) == [1.0, 0.5]
+    plot.close()
+
+
+def test_live_plot_needs_metrics():
+    with pytest.raises(ValueError, match="metrics"):
+        LivePlot([])
+
+
+def test_charts():
+    assert isinstance(line_chart([1, 2], {"a": [1, 2]}, xlabel="x", ylabel="y", logx=True), Figure)
+    assert isinstance(bar_chart({"a": 1.0, "b": 2.0}, ylabel="y"), Figure)
+    assert isinstance(confusion_matrix_plot(np.eye(3, dtype=int), ["a", "b", "c"]), Figure)
+    with pytest.raises(ValueError, match="series 'a'"):
+        line_chart([1, 2, 3], {"a": [1, 2]}, xlabel="x", ylabel="y")
+    with pytest.raises(ValueError, match="series"):
+        line_chart([1], {}, xlabel="x", ylabel="y")
+    with pytest.raises(ValueError, match="values"):
+        bar_chart({}, ylabel="y")
+
+
+def test_figure_png_renders_bytes():
+    from helpers.plots import figure_png
+
+    png = figure_png(bar_chart({"a": 1.0}, ylabel="y"))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
