@@ -6,12 +6,20 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
+
+
+class SizedDataset(Protocol):
+    """What the helpers here need of a dataset: a length and indexing (a map-style torch Dataset)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
 
 SPLITS = ("train", "test")
 DIGIT_CLASSES = tuple(str(digit) for digit in range(10))
@@ -75,7 +83,7 @@ class DigitsDataset(Dataset):
         return image, int(self.targets[index])
 
 
-def export_png_folders(dataset: Dataset, root: str | Path, *, classes: Sequence[str] | None = None,
+def export_png_folders(dataset: SizedDataset, root: str | Path, *, classes: Sequence[str] | None = None,
                        overwrite: bool = False) -> Path:
     """Write each (image, label) of `dataset` as root/<class>/<index>.png, the layout ImageFolder reads.
 
@@ -159,7 +167,7 @@ class PngFolderDataset(Dataset):
 
 
 def fashion_mnist(split: str = "train", *, root: str | Path | None = None, download: bool = True,
-                  transform: Callable | None = None) -> Dataset:
+                  transform: Callable | None = None) -> SizedDataset:
     """The full FashionMNIST (60k/10k 28x28 images) through torchvision, stored under data/.
 
     Offline, fails with a RuntimeError saying how to get the files by hand.
@@ -302,7 +310,7 @@ class RandomShiftDataset(Dataset):
     as `reseed_dataset_generator` gives each worker its own.
     """
 
-    def __init__(self, base: Dataset, *, max_shift: int = 2, rng: str = "torch", seed: int = 0) -> None:
+    def __init__(self, base: SizedDataset, *, max_shift: int = 2, rng: str = "torch", seed: int = 0) -> None:
         if not isinstance(base, Dataset):
             raise TypeError(f"base must be a torch.utils.data.Dataset, got {type(base).__name__}")
         _check_int("max_shift", max_shift, 0)
@@ -324,6 +332,7 @@ class RandomShiftDataset(Dataset):
         elif self.rng == "random":
             dy, dx = random.randint(low, high), random.randint(low, high)
         else:
+            assert self.generator is not None  # made in __init__ for rng="generator"
             dy, dx = self.generator.integers(low, high + 1, size=2).tolist()
         return dy, dx
 
@@ -346,13 +355,13 @@ def reseed_dataset_generator(worker_id: int) -> None:
         raise RuntimeError("reseed_dataset_generator runs inside a DataLoader worker; pass it as worker_init_fn")
     if getattr(info.dataset, "generator", None) is None:
         raise TypeError(f"the worker's dataset ({type(info.dataset).__name__}) has no numpy `generator` to reseed")
-    info.dataset.generator = np.random.default_rng(info.seed)
+    setattr(info.dataset, "generator", np.random.default_rng(info.seed))  # this worker's copy only
 
 
 class SlowDataset(Dataset):
     """Wraps a dataset and sleeps `delay_s` seconds on each access: slow storage, or a reader that got stuck."""
 
-    def __init__(self, base: Dataset, delay_s: float) -> None:
+    def __init__(self, base: SizedDataset, delay_s: float) -> None:
         if not isinstance(base, Dataset):
             raise TypeError(f"base must be a torch.utils.data.Dataset, got {type(base).__name__}")
         if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not delay_s >= 0:

@@ -207,7 +207,7 @@ def knob_panel(spec: Mapping[str, Knob], namespace: MutableMapping[str, Any], *,
             raise
         namespace.update(current)
         applied = ", ".join(f"{name} = {value!r}" for name, value in current.items())
-        if frontend is not None and getattr(frontend, "version", ""):
+        if frontend is not None and frontend.version:  # set once JupyterLab has answered
             frontend.commands.execute("notebook:run-all-below")
             status.value = f"Applied {applied}; running this cell and all below."
         else:

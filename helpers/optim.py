@@ -1,12 +1,12 @@
 """Optimizers: one chosen by name, parameter groups with their own learning rates, frozen layers."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
@@ -80,7 +80,8 @@ def parameter_groups(model: nn.Module, lrs: Mapping[str, float], *, trainable_on
     if not isinstance(lrs, Mapping) or not lrs:
         raise ValueError(f"lrs must map at least one module-name prefix to a learning rate, got {lrs!r}")
     named = [(name, param) for name, param in model.named_parameters() if param.requires_grad or not trainable_only]
-    groups, claimed = [], set()
+    groups: list[dict] = []
+    claimed: set[str] = set()
     for prefix, lr in lrs.items():
         lr = _check_lr(f"lrs[{prefix!r}]", lr)
         matched = [(name, param) for name, param in named if _belongs(name, prefix)]

@@ -10,10 +10,11 @@ def _default_format(value) -> str:
     return "" if value is None else str(value)
 
 
-def format_table(rows: Sequence[Mapping], columns: Sequence[str], *, formats: Mapping[str, str] | None = None,
-                 title: str = "") -> str:
-    """Rows of dicts as an aligned table; `formats` maps a column to a format such as '{:.2f}'.
+def format_table(rows: Sequence[Mapping | Sequence], columns: Sequence[str], *,
+                 formats: Mapping[str, str] | None = None, title: str = "") -> str:
+    """Rows (dicts keyed by column, or sequences in column order) as an aligned table.
 
+    `formats` maps a column to a format such as '{:.2f}'.
     Floats without a format get 3 decimals (or 4 significant digits when very large or small).
     """
     if not columns:
@@ -24,6 +25,10 @@ def format_table(rows: Sequence[Mapping], columns: Sequence[str], *, formats: Ma
         raise ValueError(f"formats names columns not in columns: {sorted(unknown)}")
     cells = [[str(c) for c in columns]]
     for number, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            if len(row) != len(columns):
+                raise ValueError(f"row {number} has {len(row)} cells for {len(columns)} columns: {list(row)}")
+            row = dict(zip(columns, row))
         missing = [c for c in columns if c not in row]
         if missing:
             raise ValueError(f"row {number} lacks the columns {missing}")

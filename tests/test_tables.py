@@ -27,3 +27,11 @@ def test_format_table_applies_column_formats():
 def test_format_table_bad_inputs(rows, columns, formats, message):
     with pytest.raises(ValueError, match=message):
         format_table(rows, columns, formats=formats)
+
+
+def test_format_table_takes_rows_as_sequences_in_column_order():
+    as_lists = format_table([["MLP", 0.5], ("CNN", 1.25)], ["case", "ratio"])
+    as_dicts = format_table([{"case": "MLP", "ratio": 0.5}, {"case": "CNN", "ratio": 1.25}], ["case", "ratio"])
+    assert as_lists == as_dicts
+    with pytest.raises(ValueError, match="row 0 has 1 cells for 2 columns"):
+        format_table([["MLP"]], ["case", "ratio"])
