@@ -6,7 +6,7 @@
 `launch` starts one process per rank with the spawn start method, gives them a free port and a process
 group with a timeout (nccl when there is a GPU per rank, gloo otherwise), and returns what each rank's
 worker returned. If a rank raises, the caller gets a `RankError` with that rank's number and traceback,
-and every other rank is stopped. For scripts, `torchrun` does the same job (see helpers/train_ddp.py).
+and every other rank is stopped. For scripts, `torchrun` does the same job (see helpers/cli/train_ddp.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,291 @@
+"""What the ranks of notebook 05 run, and the DDP training loop that `torchrun -m helpers.cli.train_ddp` runs.
+
+A spawned rank imports its function by name, so these live in a module, never in a notebook.
+helpers.distributed.launch calls each worker as worker(rank, world_size, *args) with the default
+process group already set up; the workers return plain values or tensors. `train_ddp` is one rank's
+whole training run (sampler, DDP wrapper, the step, metrics, rank-0 logging and checkpoint).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from helpers.checkpoint import save_checkpoint, unwrap_model
+from helpers.data import DigitsDataset
+from helpers.distributed import all_reduce_metrics, print_rank0, rank_device
+from helpers.models import MLP
+
+FAILURE_MODES = ("raise", "exit", "hang")
+
+
+def _device() -> torch.device:
+    return rank_device(dist.get_backend(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+
+
+def _device_ids(device: torch.device) -> list[int] | None:
+    return [device.index] if device.type == "cuda" else None  # DDP wants its GPU named, and no ids on the CPU
+
+
+# ---------------------------------------------------------------- who is who
+
+def describe_rank(rank: int, world_size: int) -> dict:
+    """This rank's view of the group, and the sum of all rank numbers computed with one all_reduce."""
+    total = torch.tensor([float(rank)], device=_device())
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+            "pid": os.getpid(), "local_rank": int(os.environ.get("LOCAL_RANK", -1)), "device": str(_device()),
+            "torch_threads": torch.get_num_threads(), "sum_of_ranks": float(total.item())}
+
+
+# ---------------------------------------------------------------- point-to-point and collectives
+
+def payload_for(seed: int, destination: int) -> torch.Tensor:
+    """The tensor rank 0 sends to `destination`: 4 seeded random numbers, so the receiver can be checked."""
+    return torch.randn(4, generator=torch.Generator().manual_seed(seed * 1000 + destination))  # 64-bit seeds
+
+
+def contribution_of(seed: int, rank: int) -> torch.Tensor:
+    """What `rank` puts into the all_reduce: 4 seeded random numbers of its own."""
+    return torch.randn(4, generator=torch.Generator().manual_seed(seed * 1000 + 500 + rank))
+
+
+def send_recv_worker(rank: int, world_size: int, seed: int) -> dict:
+    """Point-to-point: rank 0 sends each other rank its own tensor with dist.send; they dist.recv it."""
+    device = _device()
+    if rank == 0:
+        for destination in range(1, world_size):
+            dist.send(payload_for(seed, destination).to(device), dst=destination)
+        return {"rank": rank, "sent_to": list(range(1, world_size))}
+    buffer = torch.empty(4, device=device)  # recv fills a tensor of the right shape and dtype
+    source = dist.recv(buffer, src=0)
+    return {"rank": rank, "received": buffer, "from": source}
+
+
+def all_reduce_worker(rank: int, world_size: int, seed: int) -> dict:
+    """Collective: every rank adds its tensor into one sum that every rank then holds."""
+    mine = contribution_of(seed, rank)
+    reduced = mine.clone().to(_device())
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)  # in place, on every rank
+    metric = all_reduce_metrics({"value": float(mine.sum())}, average=True)
+    return {"rank": rank, "contribution": mine, "reduced": reduced, "mean_of_sums": metric["value"]}
+
+
+def communication_worker(rank: int, world_size: int, seed: int) -> dict:
+    """send_recv_worker, then all_reduce_worker, in one run (one process start-up instead of two)."""
+    return {"send_recv": send_recv_worker(rank, world_size, seed),
+            "all_reduce": all_reduce_worker(rank, world_size, seed)}
+
+
+def sampler_worker(rank: int, world_size: int, dataset_size: int, seed: int) -> dict:
+    """The indices DistributedSampler gives this rank: epoch 0, epoch 0 again without set_epoch, epoch 1."""
+    sampler = DistributedSampler(range(dataset_size), shuffle=True, seed=seed)  # rank, world from the group
+    sampler.set_epoch(0)
+    epoch0 = list(sampler)
+    again_without_set_epoch = list(sampler)
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    return {"rank": rank, "epoch0": epoch0, "epoch0_again": again_without_set_epoch, "epoch1": epoch1}
+
+
+# ---------------------------------------------------------------- gradients: by hand, DDP, no_sync
+
+def average_gradients(model: nn.Module) -> None:
+    """Hand-written data parallelism: all_reduce (sum) every gradient, then divide by the number of ranks."""
+    world_size = dist.get_world_size()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+            parameter.grad /= world_size
+
+
+def flat_gradient(model: nn.Module) -> torch.Tensor:
+    """All of a model's gradients as one flat CPU vector (zeros where a gradient is missing)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu()
+                      for p in model.parameters()])
+
+
+def gradient_batch(seed: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`samples` digits (images, labels) drawn without repetition from the training split by `seed`."""
+    dataset = DigitsDataset("train")
+    if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= len(dataset):
+        raise ValueError(f"samples must be an int in [1, {len(dataset)}], got {samples!r}")
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples]
+    return dataset.images[order], dataset.targets[order]
+
+
+def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> dict:
+    """One rank's gradients: its own, hand-averaged, from DDP, and under no_sync then after a synchronising step.
+
+    The global batch is gradient_batch(seed, 2 * world_size * batch_size). Micro-batch 0 of rank r is
+    rows [r*B, (r+1)*B); micro-batch 1 is the same slice of the second half.
+    """
+    device = _device()
+    inputs, targets = gradient_batch(seed, 2 * world_size * batch_size)
+    inputs, targets = inputs.to(device), targets.to(device)
+    half = world_size * batch_size
+    mine = slice(rank * batch_size, (rank + 1) * batch_size)
+    second = slice(half + rank * batch_size, half + (rank + 1) * batch_size)
+    loss_fn = nn.CrossEntropyLoss()
+    model = build_model(TrainConfig(seed=seed)).to(device)  # same seed: the same starting weights on every rank
+
+    by_hand = copy.deepcopy(model)
+    loss_fn(by_hand(inputs[mine]), targets[mine]).backward()
+    local = flat_gradient(by_hand)  # this rank's own gradient, before any communication
+    average_gradients(by_hand)
+
+    ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=_device_ids(device))
+    loss_fn(ddp(inputs[mine]), targets[mine]).backward()  # DDP averages during backward
+
+    accumulating = DistributedDataParallel(copy.deepcopy(model), device_ids=_device_ids(device))
+    with accumulating.no_sync():  # micro-batch 1 of 2: gradients stay local
+        (loss_fn(accumulating(inputs[mine]), targets[mine]) / 2).backward()
+    under_no_sync = flat_gradient(accumulating.module)
+    (loss_fn(accumulating(inputs[second]), targets[second]) / 2).backward()  # micro-batch 2: all-reduce now
+    return {"rank": rank, "local": local, "by_hand": flat_gradient(by_hand), "ddp": flat_gradient(ddp.module),
+            "under_no_sync": under_no_sync, "after_sync": flat_gradient(accumulating.module)}
+
+
+# ---------------------------------------------------------------- failures, for the launcher's checks
+
+def failing_worker(rank: int, world_size: int, bad_rank: int, mode: str = "raise", pid_dir: str | None = None) -> int:
+    """Rank `bad_rank` fails ('raise' an error, 'exit' hard, or 'hang'); the others wait at a barrier."""
+    if mode not in FAILURE_MODES:
+        raise ValueError(f"mode must be one of {FAILURE_MODES}, got {mode!r}")
+    if pid_dir is not None:
+        Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+    if rank == bad_rank:
+        if mode == "raise":
+            raise ValueError(f"rank {rank} was told to fail")
+        if mode == "exit":
+            os._exit(3)
+        while True:
+            time.sleep(0.1)
+    dist.barrier()  # waits for the bad rank, which never arrives
+    return rank
+
+
+# ---------------------------------------------------------------- DDP training (torchrun -m helpers.cli.train_ddp)
+
+@dataclass
+class TrainConfig:
+    """What a run needs; batch_size is per rank, so the effective batch is world_size * batch_size."""
+
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    hidden: tuple[int, ...] = (64,)
+    seed: int = 0
+    out: str | None = None
+    backend: str | None = None
+    timeout_s: float = 120.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "seed"):
+            value = getattr(self, name)
+            minimum = 0 if name == "seed" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not isinstance(self.momentum, (int, float)) or not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not self.hidden or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden):
+            raise ValueError(f"hidden must be a non-empty tuple of positive ints, got {self.hidden!r}")
+
+
+def build_model(config: TrainConfig) -> nn.Module:
+    """The course MLP, initialised from config.seed (so every rank starts from the same weights)."""
+    torch.manual_seed(config.seed)  # torch takes any 64-bit seed
+    return MLP(64, config.hidden, 10)
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """SGD with momentum, built after the model is on its device."""
+    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+
+
+def evaluate_sharded(model: nn.Module, dataset, device: torch.device, rank: int, world_size: int) -> dict:
+    """Each rank scores every world_size-th test sample (no padding, no overlap); the sums are all-reduced."""
+    shard = Subset(dataset, range(rank, len(dataset), world_size))
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    with torch.no_grad():
+        for inputs, targets in DataLoader(shard, batch_size=256):
+            inputs, targets = inputs.to(device), targets.to(device)
+            outputs = model(inputs)
+            loss_sum += float(loss_fn(outputs, targets))
+            correct += int((outputs.argmax(dim=1) == targets).sum())
+    model.train(was_training)
+    totals = all_reduce_metrics({"loss_sum": loss_sum, "correct": correct, "samples": len(shard)})
+    return {"loss": totals["loss_sum"] / totals["samples"], "accuracy": totals["correct"] / totals["samples"]}
+
+
+def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> list[dict]:
+    """One rank's DDP training run, in a process group already set up; returns the history (on every rank)."""
+    train_set, test_set = DigitsDataset("train"), DigitsDataset("test")
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed)
+    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)  # this rank's shard only
+    model = build_model(config).to(device)  # same seed on every rank (and DDP broadcasts rank 0's weights)
+    model = DistributedDataParallel(model, device_ids=_device_ids(device))
+    optimizer = build_optimizer(model, config)
+    loss_fn = nn.CrossEntropyLoss()
+    print_rank0(f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
+                f"batch={config.batch_size}/rank ({world_size * config.batch_size} per step) "
+                f"steps/epoch={len(loader)}", flush=True)
+    bar = None
+    if config.progress and rank == 0:  # one progress bar, not one per rank
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.epochs * len(loader), desc="ddp", unit="step")
+    history: list[dict] = []
+    for epoch in range(config.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats epoch 0's order
+        model.train()
+        start = time.perf_counter()
+        loss_sum, samples = torch.zeros((), device=device), 0
+        for inputs, targets in loader:
+            inputs, targets = inputs.to(device), targets.to(device)
+            loss = loss_fn(model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP all-reduces (averages) the gradients during this call
+            optimizer.step()  # same averaged gradient on every rank: the copies stay identical
+            loss_sum += loss.detach() * len(targets)  # no .item() per step: it would wait for the GPU
+            samples += len(targets)
+            if bar is not None:
+                bar.update(1)
+        seconds = time.perf_counter() - start
+        train_totals = all_reduce_metrics({"loss_sum": float(loss_sum), "samples": samples})  # sums over ranks
+        test = evaluate_sharded(unwrap_model(model), test_set, device, rank, world_size)
+        history.append({"epoch": epoch + 1, "train_loss": train_totals["loss_sum"] / train_totals["samples"],
+                        "test_loss": test["loss"], "test_accuracy": test["accuracy"], "seconds": seconds,
+                        "samples_seen": int(train_totals["samples"])})
+        print_rank0(f"epoch {epoch + 1}: train_loss={history[-1]['train_loss']:.4f} test_loss={test['loss']:.4f} "
+                    f"test_accuracy={test['accuracy']:.4f} ({seconds:.2f} s)", flush=True)
+    if bar is not None:
+        bar.close()
+    if rank == 0 and config.out:  # one writer: N ranks writing one file would race
+        # unwrap_model(model) is model.module: its keys have no "module." prefix, so the file loads
+        # into a plain model, with or without DDP.
+        path = save_checkpoint(Path(config.out) / "model.pt", unwrap_model(model), optimizer, epoch=config.epochs,
+                               step=config.epochs * len(loader), metric=history[-1]["test_accuracy"],
+                               extra={"config": asdict(config), "world_size": world_size, "history": history})
+        Path(config.out, "history.json").write_text(json.dumps(
+            {"world_size": world_size, "backend": dist.get_backend(), "config": asdict(config),
+             "history": history}, indent=1))
+        print_rank0(f"saved {path}", flush=True)
+    dist.barrier()  # nobody leaves before rank 0 has written its files
+    return history
