@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test bench bench-quick install clean-venv
+.PHONY: lab test test-fast bench bench-quick install clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ lab: $(STAMP)
 test: $(STAMP)
 	@bash scripts/ensure-chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The quick check while editing (under a minute on 2 cores): no notebooks, processes, benchmark or browser.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The performance table: `make bench` (under 10 minutes on 2 cores), `make bench-quick` (under one).
 bench: $(STAMP)

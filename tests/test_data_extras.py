@@ -1,3 +1,4 @@
+import contextlib
 import functools
 import os
 import time
@@ -9,6 +10,22 @@ from torch.utils.data._utils.collate import default_collate
 
 from helpers.data import (RNG_SOURCES, DigitsDataset, RandomShiftDataset, SlowDataset, VariableLengthSequences,
                           pad_collate, reseed_dataset_generator, shift_image)
+
+
+@contextlib.contextmanager
+def _iterate(loader: DataLoader):
+    """An iterator over `loader` whose worker processes are stopped on leaving the block.
+
+    Left to the garbage collector (an iterator left after a `break`, or held by a caught exception's
+    traceback), the workers are stopped later, in whichever test happens to collect them, and may stall
+    it for seconds.
+    """
+    iterator = iter(loader)
+    try:
+        yield iterator
+    finally:
+        if hasattr(iterator, "_shutdown_workers"):  # num_workers > 0
+            iterator._shutdown_workers()
 
 
 def test_variable_length_sequences_are_fixed_by_seed_and_in_range():
@@ -102,12 +119,13 @@ def _shifts_by_worker(rng: str, seed: int, worker_init_fn=None) -> dict[int, lis
     loader = DataLoader(data, batch_size=4, num_workers=2, worker_init_fn=worker_init_fn,
                         generator=torch.Generator().manual_seed(seed))
     draws: dict[int, list] = {0: [], 1: []}
-    for index, batch in enumerate(loader):
-        if index >= 16:
-            break
-        assert len(set(batch["worker"].tolist())) == 1, "a worker builds a whole batch"
-        assert os.getpid() not in batch["pid"].tolist()
-        draws[int(batch["worker"][0])].extend(batch["shift"].tolist())
+    with _iterate(loader) as batches:
+        for index, batch in enumerate(batches):
+            if index >= 16:
+                break
+            assert len(set(batch["worker"].tolist())) == 1, "a worker builds a whole batch"
+            assert os.getpid() not in batch["pid"].tolist()
+            draws[int(batch["worker"][0])].extend(batch["shift"].tolist())
     return draws
 
 
@@ -133,8 +151,8 @@ def test_reseed_dataset_generator_needs_a_worker_and_a_generator():
         reseed_dataset_generator(0)
     loader = DataLoader(TensorDataset(torch.zeros(4)), batch_size=2, num_workers=1,
                         worker_init_fn=reseed_dataset_generator)
-    with pytest.raises(Exception, match="generator"):
-        list(loader)
+    with _iterate(loader) as batches, pytest.raises(Exception, match="generator"):
+        list(batches)
 
 
 def test_slow_dataset_delays_and_a_loader_timeout_catches_it():
@@ -145,8 +163,8 @@ def test_slow_dataset_delays_and_a_loader_timeout_catches_it():
     assert len(data) == 4
     stuck = DataLoader(SlowDataset(TensorDataset(torch.arange(2)), delay_s=1.0), batch_size=1, num_workers=1,
                        timeout=0.2)
-    with pytest.raises(RuntimeError, match="timed out"):
-        list(stuck)
+    with _iterate(stuck) as batches, pytest.raises(RuntimeError, match="timed out"):
+        list(batches)
 
 
 @pytest.mark.parametrize("delay", [-1, "1", True, float("nan")])

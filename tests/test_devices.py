@@ -1,10 +1,16 @@
+import platform
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from helpers.devices import available_devices, environment_report, pick_device, seed_everything
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_pick_device_defaults_to_the_best_available():
@@ -70,13 +76,14 @@ def test_cpu_name_is_a_readable_string():
     assert isinstance(cpu_name(), str) and cpu_name()
 
 
+@pytest.mark.slow
 def test_keep_freed_memory_answers_whether_it_applied():
-    import platform
-
-    from helpers.devices import keep_freed_memory
-
+    # mallopt changes the allocator of the whole process for good: ask in a child, not in the test process
     on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-    assert keep_freed_memory() is on_glibc
+    code = "from helpers.devices import keep_freed_memory; print(keep_freed_memory())"
+    child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == str(on_glibc)
 
 
 @pytest.mark.parametrize("pad", [-1, 1.5, True, "64"])

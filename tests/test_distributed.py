@@ -162,6 +162,7 @@ def test_torchrun_command_and_its_checks():
 
 # ---------------------------------------------------------------- real launches (2 gloo processes)
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init_method", ["env", "file"])  # tcp: test_setup_and_teardown_a_world_of_one
 def test_launch_runs_every_rank_and_returns_results_in_rank_order(init_method):
     results = launch(workers.describe_rank, 2, init_method=init_method, timeout_s=120)
@@ -171,6 +172,7 @@ def test_launch_runs_every_rank_and_returns_results_in_rank_order(init_method):
     assert len({row["pid"] for row in results}) == 2 and os.getpid() not in {row["pid"] for row in results}
 
 
+@pytest.mark.slow
 def test_send_recv_and_all_reduce_return_cpu_tensors_that_outlive_the_ranks():
     seed = 5
     results = launch(workers.communication_worker, 2, args=(seed,), timeout_s=120)
@@ -183,6 +185,7 @@ def test_send_recv_and_all_reduce_return_cpu_tensors_that_outlive_the_ranks():
     assert results[0]["all_reduce"]["mean_of_sums"] == pytest.approx(expected_mean)
 
 
+@pytest.mark.slow
 def test_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_with_set_epoch():
     results = launch(workers.sampler_worker, 2, args=(11, 3), timeout_s=120)
     for epoch in ("epoch0", "epoch1"):
@@ -197,6 +200,7 @@ def _full_batch_gradient(seed, inputs, targets):
     return workers.flat_gradient(model)
 
 
+@pytest.mark.slow
 def test_hand_averaging_ddp_and_one_process_agree_and_no_sync_does_not_communicate():
     seed, batch = 2**32 - 1, 6  # the largest seed a notebook accepts
     results = launch(workers.gradients_worker, 2, args=(seed, batch), timeout_s=120)
@@ -212,6 +216,7 @@ def test_hand_averaging_ddp_and_one_process_agree_and_no_sync_does_not_communica
         torch.testing.assert_close(row["after_sync"], everything)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad_rank", [0, 1])
 def test_a_rank_that_raises_ends_the_run_with_its_rank_and_traceback(tmp_path, bad_rank):
     start = time.monotonic()
@@ -226,6 +231,7 @@ def test_a_rank_that_raises_ends_the_run_with_its_rank_and_traceback(tmp_path, b
     assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_without_a_word_is_named(tmp_path):
     with pytest.raises(RankError) as caught:
         launch(workers.failing_worker, 2, args=(1, "exit", str(tmp_path)), timeout_s=60)
@@ -234,6 +240,7 @@ def test_a_rank_that_dies_without_a_word_is_named(tmp_path):
     assert not any(_alive(pid) for pid in _pids(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_hits_the_timeout_and_every_rank_is_stopped(tmp_path):
     start = time.monotonic()
     # 20 s: long enough for both ranks to start and write their pid files on a busy 2-core machine
@@ -244,6 +251,7 @@ def test_a_hanging_rank_hits_the_timeout_and_every_rank_is_stopped(tmp_path):
     assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_run_torchrun_stops_a_run_that_takes_too_long():
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="did not finish within timeout_s=2"):

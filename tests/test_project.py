@@ -52,3 +52,22 @@ def test_notebook_follows_the_house_layout(path):
     assert any("nbval-ignore-output" in c.metadata.get("tags", []) and "knob_panel" in c.source for c in code), \
         f"{path.name}: needs a knobs cell (knob_panel) tagged nbval-ignore-output"
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+
+def test_data_folder_explains_itself_and_is_ignored_but_its_readme():
+    readme = ROOT / "data" / "README.md"
+    assert readme.is_file(), "data/README.md says what goes in data/"
+    assert "COURSE_DATA_DIR" in readme.read_text()
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "/data/*" in ignored and "!/data/README.md" in ignored
+
+
+def test_every_marker_the_tests_use_is_declared():
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    declared = {marker.split(":")[0].strip() for marker in options["markers"]}
+    assert {"slow", "browser"} <= declared
+    assert "--strict-markers" in options["addopts"].split(), "an undeclared (misspelt) marker must be an error"
+    builtin = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings", "timeout"}
+    used = {name for path in (ROOT / "tests").glob("*.py")
+            for name in re.findall(r"pytest\.mark\.([A-Za-z_]\w*)", path.read_text())}
+    assert used - builtin <= declared, f"undeclared markers: {sorted(used - builtin - declared)}"

@@ -44,6 +44,7 @@ def _torchrun(*args: str) -> list[str]:
     return [*launcher, "--standalone", "--nproc_per_node=2", "-m", "helpers.cli.train_ddp", *args]
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_trains_logs_once_and_saves_a_plain_checkpoint(tmp_path):
     epochs, batch, seed = 2, 16, 3
     env = dict(os.environ, OMP_NUM_THREADS="1")
