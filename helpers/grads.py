@@ -1,7 +1,7 @@
-"""Gradients as vectors: flatten a model's gradients, compare two, and build a batch's gradient from micro-batches.
+"""Gradients as vectors: flatten a model's gradients, compare two, and compute a batch's gradient.
 
     full = batch_gradient(model, loss_fn, inputs, targets)
-    accumulated = accumulated_gradient(model, loss_fn, inputs, targets, micro_batch_size=16)
+    accumulated = batch_gradient(model, loss_fn, inputs, targets, micro_batch_size=16)
     max_abs_diff(full, accumulated)   # ~1e-8 in float32 when loss_fn returns a mean
 
 `inputs` may be one tensor or a tuple of tensors (all split along dim 0 and passed as model(*inputs)),
@@ -9,12 +9,10 @@ so extra per-sample data, such as a fixed dropout mask, travels with its sample 
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
-
-WEIGHTINGS = ("samples", "naive", "none")
 
 
 def _parameters(model_or_params: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -53,75 +51,39 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().double().cpu() - b.detach().double().cpu()).abs().max().item()
 
 
-def micro_batch_sizes(batch_size: int, micro_batch_size: int) -> list[int]:
-    """The sizes torch.split gives: full micro-batches, then the remainder (60, 16 -> [16, 16, 16, 12])."""
-    for name, value in (("batch_size", batch_size), ("micro_batch_size", micro_batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    full, rest = divmod(batch_size, micro_batch_size)
-    return [micro_batch_size] * full + ([rest] if rest else [])
+def batch_gradient(model: nn.Module, loss_fn: Callable, inputs, targets: torch.Tensor, *,
+                   micro_batch_size: int | None = None) -> torch.Tensor:
+    """The gradient of loss_fn(model(*inputs), targets) over the whole batch, as a flat vector.
 
-
-def _as_tuple(inputs) -> tuple[torch.Tensor, ...]:
+    With `micro_batch_size`, the batch is split into micro-batches (the last may be smaller) whose
+    gradients add up in .grad, each micro-batch's loss weighted by its share of the samples, n_j / N;
+    `loss_fn` must return the mean over its batch, and the result equals the one-pass gradient (up to
+    rounding) for models that treat samples independently. The model's gradients are cleared (set to
+    None) before and after, so calls do not add up.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     parts = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     if not parts or not all(isinstance(t, torch.Tensor) for t in parts):
         raise TypeError("inputs must be a tensor or a tuple of tensors")
-    return parts
-
-
-def _check_batch(parts: Sequence[torch.Tensor], targets: torch.Tensor) -> int:
     if not isinstance(targets, torch.Tensor):
         raise TypeError(f"targets must be a tensor, got {type(targets).__name__}")
     sizes = {len(t) for t in parts} | {len(targets)}
     if len(sizes) != 1:
         raise ValueError(f"inputs and targets must have the same length along dim 0, got sizes {sorted(sizes)}")
-    batch = sizes.pop()
-    if batch == 0:
+    samples = sizes.pop()
+    if samples == 0:
         raise ValueError("inputs must hold at least one sample, got an empty batch")
-    return batch
-
-
-def batch_gradient(model: nn.Module, loss_fn: Callable, inputs, targets: torch.Tensor) -> torch.Tensor:
-    """The gradient of loss_fn(model(*inputs), targets) from one forward and backward pass, as a flat vector.
-
-    The model's gradients are cleared before (set to None) and again after, so calls do not add up.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    parts = _as_tuple(inputs)
-    _check_batch(parts, targets)
-    model.zero_grad(set_to_none=True)
-    loss_fn(model(*parts), targets).backward()
-    gradient = flat_grad(model).clone()
-    model.zero_grad(set_to_none=True)
-    return gradient
-
-
-def accumulated_gradient(model: nn.Module, loss_fn: Callable, inputs, targets: torch.Tensor, *,
-                         micro_batch_size: int, weighting: str = "samples") -> torch.Tensor:
-    """The batch's gradient built from micro-batches whose gradients add up in .grad, as a flat vector.
-
-    `loss_fn` must return the mean over its micro-batch. Each micro-batch's loss is multiplied by
-    'samples': its share of the batch's samples, n_j / N (equals the big-batch gradient, also when the last
-    micro-batch is smaller); 'naive': 1 / k for k micro-batches (the usual `loss / accumulation_steps`, exact
-    only when all micro-batches are equally large); 'none': 1 (no division: k times too large).
-    Gradients are cleared before and after.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    parts = _as_tuple(inputs)
-    batch = _check_batch(parts, targets)
-    sizes = micro_batch_sizes(batch, micro_batch_size)
+    if micro_batch_size is None:
+        micro_batch_size = samples
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be a positive int or None, got {micro_batch_size!r}")
     model.zero_grad(set_to_none=True)
     pieces = zip(*(t.split(micro_batch_size) for t in parts), targets.split(micro_batch_size))
     for *micro_inputs, micro_targets in pieces:
         loss = loss_fn(model(*micro_inputs), micro_targets)
-        if weighting == "samples":
-            loss = loss * (len(micro_targets) / batch)
-        elif weighting == "naive":
-            loss = loss / len(sizes)
+        if micro_batch_size < samples:
+            loss = loss * (len(micro_targets) / samples)
         loss.backward()  # frees this micro-batch's graph: only one is alive at a time
     gradient = flat_grad(model).clone()
     model.zero_grad(set_to_none=True)

@@ -93,3 +93,41 @@ def ratio_quartiles(numerator: list[float], denominator: list[float]) -> tuple[f
         return ratios[0], ratios[0]
     first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
     return first, third
+
+
+def precisions_for(device: torch.device | str) -> list[str]:
+    """The precisions worth comparing on `device`: fp32 and bf16, and fp16 on CUDA (where it is fast)."""
+    device = torch.device(device)
+    return ["fp32", "bf16", "fp16"] if device.type == "cuda" else ["fp32", "bf16"]
+
+
+def time_training_steps(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                        precisions: list[str] | tuple[str, ...], device: torch.device | str, repeat: int = 10,
+                        warmup: int = 3, lr: float = 0.01) -> dict[str, list[float]]:
+    """Seconds per training step of `model` on one batch in each precision ('fp32', 'bf16', 'fp16').
+
+    A step is `helpers.loop.train_epoch` over the one batch: forward and loss under autocast (none for
+    fp32), backward, optimizer step (through a GradScaler for fp16). Each precision trains its own copy of
+    `model` with its own SGD; the steps are timed in turns (`time_interleaved`), so load changes hit all
+    precisions alike, and `model` itself is left alone.
+    """
+    import copy
+
+    import torch.nn.functional as F
+
+    from .loop import make_grad_scaler, train_epoch
+
+    allowed = ("fp32", "bf16", "fp16")
+    if isinstance(precisions, str) or not precisions or any(p not in allowed for p in precisions):
+        raise ValueError(f"precisions must be a non-empty list drawn from {allowed}, got {precisions!r}")
+    device = torch.device(device)
+    batch = [(inputs.to(device), targets.to(device))]
+    steps = {}
+    for name in precisions:
+        amp = None if name == "fp32" else name
+        replica = copy.deepcopy(model).to(device)
+        optimizer = torch.optim.SGD(replica.parameters(), lr=lr)
+        scaler = make_grad_scaler(device, amp)  # one scaler across steps, as in training
+        steps[name] = lambda replica=replica, optimizer=optimizer, scaler=scaler, amp=amp: train_epoch(
+            replica, batch, optimizer, F.cross_entropy, device=device, amp=amp, scaler=scaler, progress=False)
+    return time_interleaved(steps, repeat=repeat, warmup=warmup, device=device)

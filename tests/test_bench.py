@@ -34,6 +34,7 @@ def test_notebook_durations_sums_cells_per_notebook(tmp_path):
                     {"notebook": "02_training_loop.ipynb", "seconds": 4.0}]
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_rows_on_a_tiny_stack():
     rows = bench.activation_checkpointing(torch.device("cpu"), width=16, depth=4, batch=8, segments=(0, 2), repeat=1)
     assert [row["segments"] for row in rows] == [0, 2]
@@ -41,10 +42,36 @@ def test_activation_checkpointing_rows_on_a_tiny_stack():
     assert rows[1]["saved after forward"] < rows[0]["saved after forward"]
 
 
+@pytest.mark.slow
 def test_mixed_precision_rows_on_cpu():
     rows = bench.mixed_precision(torch.device("cpu"), batch=4, repeat=1)
     assert [row["precision"] for row in rows] == ["fp32", "bf16"]
     assert rows[1]["memory ratio"] < 1.0
+
+
+def test_precisions_for():
+    from helpers.timing import precisions_for
+
+    assert precisions_for("cpu") == ["fp32", "bf16"]
+    assert precisions_for(torch.device("cuda")) == ["fp32", "bf16", "fp16"]
+
+
+def test_time_training_steps_times_copies_and_leaves_the_model_alone():
+    from helpers.models import MLP
+    from helpers.timing import time_training_steps
+
+    torch.manual_seed(0)
+    model = MLP(64, (16,), 10)
+    before = [p.detach().clone() for p in model.parameters()]
+    inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    seconds = time_training_steps(model, inputs, targets, precisions=["fp32", "bf16", "fp16"], device="cpu",
+                                  repeat=2, warmup=1)
+    assert set(seconds) == {"fp32", "bf16", "fp16"}
+    assert all(len(v) == 2 and all(s > 0 for s in v) for v in seconds.values())
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    for bad in (["fp8"], [], "fp32"):
+        with pytest.raises(ValueError, match="precisions must be"):
+            time_training_steps(model, inputs, targets, precisions=bad, device="cpu")
 
 
 def test_repeats_for_fits_the_budget_within_bounds():
@@ -54,6 +81,7 @@ def test_repeats_for_fits_the_budget_within_bounds():
     assert bench.repeats_for(0.0, budget_s=1.0, calls_per_round=2, least=3, most=40) == 40
 
 
+@pytest.mark.slow
 def test_loop_overhead_gives_one_row_per_case_on_a_tiny_run():
     rows = bench.loop_overhead(torch.device("cpu"), budget_s=0.0, samples=64, least=2, most=2, warmup=1)
     assert [row["case"] for row in rows] == [case.name for case in bench.LOOP_CASES]
@@ -65,12 +93,14 @@ def test_loop_overhead_gives_one_row_per_case_on_a_tiny_run():
         assert first <= round(row["ratio"], 3) <= third
 
 
+@pytest.mark.slow
 def test_loop_overhead_times_each_case_on_its_own_epoch_length():
     rows = bench.loop_overhead(torch.device("cpu"), budget_s=0.0, least=1, most=1, warmup=0)
     whole = len(DigitsDataset("train"))
     assert [row["samples/epoch"] for row in rows] == [case.samples or whole for case in bench.LOOP_CASES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quick", [True, False])
 def test_loop_overhead_gives_each_case_its_own_time(monkeypatch, quick):
     asked = []
@@ -79,6 +109,7 @@ def test_loop_overhead_gives_each_case_its_own_time(monkeypatch, quick):
     assert asked == [case.seconds[0 if quick else 1] for case in bench.LOOP_CASES]
 
 
+@pytest.mark.slow
 def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, monkeypatch, capsys):
     def tiny_sections(device, quick):
         def loop():

@@ -2,8 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.grads import (WEIGHTINGS, accumulated_gradient, batch_gradient, flat_grad, max_abs_diff,
-                           micro_batch_sizes)
+from helpers.grads import batch_gradient, flat_grad, max_abs_diff
 from helpers.models import MLP
 
 LOSS = nn.CrossEntropyLoss()
@@ -44,19 +43,6 @@ def test_max_abs_diff():
         max_abs_diff([1.0], torch.zeros(1))
 
 
-@pytest.mark.parametrize("batch, micro, sizes", [(64, 16, [16] * 4), (60, 16, [16, 16, 16, 12]), (5, 8, [5]),
-                                                 (7, 1, [1] * 7)])
-def test_micro_batch_sizes_match_torch_split(batch, micro, sizes):
-    assert micro_batch_sizes(batch, micro) == sizes
-    assert [len(t) for t in torch.arange(batch).split(micro)] == sizes
-
-
-@pytest.mark.parametrize("batch, micro", [(0, 4), (4, 0), (True, 2), (4, 2.0)])
-def test_micro_batch_sizes_bad_inputs(batch, micro):
-    with pytest.raises(ValueError, match="must be a positive int"):
-        micro_batch_sizes(batch, micro)
-
-
 def test_batch_gradient_clears_before_and_after():
     torch.manual_seed(0)
     model = MLP()
@@ -75,33 +61,15 @@ def test_sample_weighting_equals_the_big_batch_gradient(batch, micro):
     model = MLP()
     x, y = _data(batch, seed=micro)
     full = batch_gradient(model, LOSS, x, y)
-    accumulated = accumulated_gradient(model, LOSS, x, y, micro_batch_size=micro)
+    accumulated = batch_gradient(model, LOSS, x, y, micro_batch_size=micro)
     assert torch.allclose(accumulated, full, rtol=1e-4, atol=1e-6), max_abs_diff(accumulated, full)
     assert all(p.grad is None for p in model.parameters())
-
-
-def test_naive_weighting_is_exact_only_for_equal_micro_batches():
-    torch.manual_seed(0)
-    model = MLP()
-    even_x, even_y = _data(64)
-    full = batch_gradient(model, LOSS, even_x, even_y)
-    naive = accumulated_gradient(model, LOSS, even_x, even_y, micro_batch_size=16, weighting="naive")
-    assert torch.allclose(naive, full, rtol=1e-4, atol=1e-6)
-    uneven_x, uneven_y = even_x[:52], even_y[:52]  # 16, 16, 16, 4
-    full = batch_gradient(model, LOSS, uneven_x, uneven_y)
-    naive = accumulated_gradient(model, LOSS, uneven_x, uneven_y, micro_batch_size=16, weighting="naive")
-    weighted = accumulated_gradient(model, LOSS, uneven_x, uneven_y, micro_batch_size=16, weighting="samples")
-    assert not torch.allclose(naive, full, rtol=1e-3, atol=1e-5)
-    assert torch.allclose(weighted, full, rtol=1e-4, atol=1e-6)
-
-
-def test_no_weighting_gives_k_times_the_gradient():
-    torch.manual_seed(0)
-    model = MLP()
-    x, y = _data(64)
-    full = batch_gradient(model, LOSS, x, y)
-    unscaled = accumulated_gradient(model, LOSS, x, y, micro_batch_size=16, weighting="none")
-    assert torch.allclose(unscaled, 4 * full, rtol=1e-4, atol=1e-6)
+    if micro < batch:  # the weights n_j / N matter: dividing by the number of micro-batches differs when uneven
+        unweighted = [LOSS(model(a), b) for a, b in zip(x.split(micro), y.split(micro))]
+        torch.stack(unweighted).mean().backward()
+        naive = flat_grad(model)
+        model.zero_grad(set_to_none=True)
+        assert torch.allclose(naive, full, rtol=1e-4, atol=1e-6) == (batch % micro == 0)
 
 
 def test_tuple_inputs_travel_together_into_each_micro_batch():
@@ -118,25 +86,24 @@ def test_tuple_inputs_travel_together_into_each_micro_batch():
     x, y = _data(40)
     mask = (torch.rand(40, 64) > 0.5).float()
     full = batch_gradient(model, LOSS, (x, mask), y)
-    accumulated = accumulated_gradient(model, LOSS, (x, mask), y, micro_batch_size=16)
+    accumulated = batch_gradient(model, LOSS, (x, mask), y, micro_batch_size=16)
     assert torch.allclose(accumulated, full, rtol=1e-4, atol=1e-6)
 
 
-def test_accumulated_gradient_bad_inputs():
+def test_batch_gradient_bad_inputs():
     model = MLP()
     x, y = _data(8)
-    with pytest.raises(ValueError, match="weighting must be one of"):
-        accumulated_gradient(model, LOSS, x, y, micro_batch_size=4, weighting="mean")
     with pytest.raises(ValueError, match="micro_batch_size must be a positive int"):
-        accumulated_gradient(model, LOSS, x, y, micro_batch_size=0)
+        batch_gradient(model, LOSS, x, y, micro_batch_size=0)
+    with pytest.raises(ValueError, match="micro_batch_size must be a positive int"):
+        batch_gradient(model, LOSS, x, y, micro_batch_size=2.0)
     with pytest.raises(ValueError, match="same length"):
-        accumulated_gradient(model, LOSS, x, y[:4], micro_batch_size=4)
+        batch_gradient(model, LOSS, x, y[:4], micro_batch_size=4)
     with pytest.raises(ValueError, match="at least one sample"):
-        accumulated_gradient(model, LOSS, x[:0], y[:0], micro_batch_size=4)
+        batch_gradient(model, LOSS, x[:0], y[:0], micro_batch_size=4)
     with pytest.raises(TypeError, match="model must be an nn.Module"):
-        accumulated_gradient("model", LOSS, x, y, micro_batch_size=4)
+        batch_gradient("model", LOSS, x, y, micro_batch_size=4)
     with pytest.raises(TypeError, match="inputs must be a tensor"):
         batch_gradient(model, LOSS, [x, 3], y)
     with pytest.raises(TypeError, match="targets must be a tensor"):
         batch_gradient(model, LOSS, x, [0] * 8)
-    assert set(WEIGHTINGS) == {"samples", "naive", "none"}

@@ -230,7 +230,7 @@ def activation_checkpointing(device: torch.device, *, width: int, depth: int, ba
 
 def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[dict]:
     """Step time and saved-activation bytes, fp32 against bf16 (and fp16 with GradScaler on CUDA)."""
-    from helpers.experiments_accumulation import AMP_OF, precisions_for, time_training_steps
+    from helpers.timing import precisions_for, time_training_steps
 
     precisions = precisions_for(device)
     seed_everything(0)
@@ -241,7 +241,7 @@ def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[di
                                   warmup=2)
     rows = []
     for name in precisions:
-        amp = AMP_OF[name]
+        amp = None if name == "fp32" else name
         with saved_tensors_meter(exclude=model) as meter, autocast_context(device, amp):
             loss = LOSS(model(inputs), targets)
         row = {"precision": name, "step ms": 1e3 * median(seconds[name]), "saved bytes": meter.bytes,
