@@ -1,9 +1,11 @@
 """Choosing a device, seeding every random number generator, and reporting the environment."""
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -58,6 +60,20 @@ def seed_everything(seed: int) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed(seed)
     return generator
+
+
+@contextlib.contextmanager
+def num_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with torch.set_num_threads(threads) (None: leave as is); restore the old count after."""
+    if isinstance(threads, bool) or not (threads is None or (isinstance(threads, int) and threads >= 1)):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    before = torch.get_num_threads()
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def cpu_name() -> str:

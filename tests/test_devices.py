@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.devices import available_devices, environment_report, pick_device, seed_everything
+from helpers.devices import available_devices, environment_report, num_threads, pick_device, seed_everything
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,3 +92,32 @@ def test_keep_freed_memory_rejects_bad_pad(pad):
 
     with pytest.raises(ValueError, match="pad_mib"):
         keep_freed_memory(pad)
+
+
+def test_num_threads_sets_and_restores():
+    before = torch.get_num_threads()
+    with num_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with num_threads(None):
+        assert torch.get_num_threads() == before
+
+
+def test_num_threads_restores_after_an_error_and_after_changes_inside():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="boom"):
+        with num_threads(1):
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
+    with num_threads(None):
+        torch.set_num_threads(1)  # what a timed run may do; the block's end puts the old count back
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_num_threads_rejects_bad_counts_before_changing_anything(bad):
+    before = torch.get_num_threads()
+    with pytest.raises(ValueError, match="threads must be a positive int or None"):
+        with num_threads(bad):
+            pass
+    assert torch.get_num_threads() == before

@@ -24,7 +24,7 @@ from torch import nn
 
 from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
 from helpers.devices import cpu_name, keep_freed_memory, seed_everything
-from helpers.inference import num_threads
+from helpers.devices import num_threads
 from helpers.loop import autocast_context, train_epoch
 from helpers.memory import format_bytes, peak_memory, saved_tensors_meter
 from helpers.models import MLP, SmallCNN, deep_linear_stack
