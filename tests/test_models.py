@@ -1,7 +1,21 @@
 import pytest
 import torch
+from torch import nn
 
-from helpers.models import MLP, SmallCNN, count_parameters, deep_linear_stack
+from helpers.models import (
+    MLP,
+    OPTIMIZERS,
+    SmallCNN,
+    count_parameters,
+    deep_linear_stack,
+    freeze,
+    group_lrs,
+    make_optimizer,
+    optimizer_names,
+    parameter_groups,
+    trainable_parameters,
+    unfreeze,
+)
 
 
 def test_mlp_shapes_and_options():
@@ -34,3 +48,115 @@ def test_deep_linear_stack_is_sequential_of_linear_relu():
 def test_models_reject_bad_sizes(factory, message):
     with pytest.raises(ValueError, match=message):
         factory()
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_make_optimizer_builds_each_named_optimizer(name):
+    model = nn.Linear(3, 2)
+    optimizer = make_optimizer(name, model.parameters(), lr=0.01)
+    assert type(optimizer) is OPTIMIZERS[name]
+    assert group_lrs(optimizer) == [0.01]
+    model(torch.randn(4, 3)).sum().backward()
+    before = model.weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(before, model.weight)
+
+
+def test_make_optimizer_passes_options_and_ignores_case():
+    optimizer = make_optimizer("SGD", nn.Linear(2, 2).parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert optimizer.param_groups[0]["momentum"] == 0.9 and optimizer.param_groups[0]["nesterov"]
+
+
+def test_make_optimizer_unknown_name_lists_the_choices():
+    with pytest.raises(ValueError) as error:
+        make_optimizer("adamm", nn.Linear(2, 2).parameters(), lr=0.1)
+    message = str(error.value)
+    assert "'adamm'" in message and all(name in message for name in optimizer_names())
+    with pytest.raises(ValueError, match="optimizer name"):
+        make_optimizer(None, nn.Linear(2, 2).parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("lr", [0, -0.1, "0.1", True, float("nan")])
+def test_make_optimizer_bad_learning_rate(lr):
+    with pytest.raises(ValueError, match="lr must be a positive number"):
+        make_optimizer("sgd", nn.Linear(2, 2).parameters(), lr=lr)
+
+
+def test_make_optimizer_with_nothing_to_train():
+    model = nn.Linear(2, 2)
+    freeze(model)
+    with pytest.raises(ValueError, match="frozen"):
+        make_optimizer("adam", trainable_parameters(model), lr=0.1)
+
+
+def test_freeze_and_unfreeze():
+    model = MLP(in_features=4, hidden=(3,), num_classes=2)
+    assert freeze(model[1]) == 2
+    assert [p.requires_grad for p in model.parameters()] == [False, False, True, True]
+    assert trainable_parameters(model) == [model[3].weight, model[3].bias]
+    assert unfreeze(model) == 4
+    assert len(trainable_parameters(model)) == 4
+    for function in (freeze, unfreeze, trainable_parameters):
+        with pytest.raises(TypeError, match="nn.Module"):
+            function([torch.zeros(1)])
+
+
+def test_a_frozen_layer_stays_put_while_the_rest_trains():
+    torch.manual_seed(0)
+    model = MLP(in_features=4, hidden=(8,), num_classes=3)
+    freeze(model[1])
+    optimizer = make_optimizer("sgd", trainable_parameters(model), lr=0.5)
+    frozen_before, head_before = model[1].weight.clone(), model[3].weight.clone()
+    nn.functional.cross_entropy(model(torch.randn(5, 4)), torch.tensor([0, 1, 2, 0, 1])).backward()
+    optimizer.step()
+    assert model[1].weight.grad is None
+    assert torch.equal(model[1].weight, frozen_before)
+    assert not torch.equal(model[3].weight, head_before)
+
+
+def test_parameter_groups_give_each_prefix_its_learning_rate():
+    model = MLP(in_features=4, hidden=(8, 6), num_classes=3, batch_norm=True)
+    groups = parameter_groups(model, {"1": 0.001, "7": 0.1})
+    assert [g["param_names"] for g in groups] == [["1.weight", "1.bias"], ["7.weight", "7.bias"],
+                                                  ["2.weight", "2.bias", "4.weight", "4.bias", "5.weight", "5.bias"]]
+    optimizer = make_optimizer("sgd", groups, lr=0.01)
+    assert group_lrs(optimizer) == [0.001, 0.1, 0.01]
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+    grads = {}
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+        grads[param] = param.detach().clone()
+    optimizer.step()
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            assert torch.allclose(grads[param] - param.detach(), torch.full_like(param, group["lr"]))
+
+
+def test_parameter_groups_leave_out_frozen_parameters_and_may_have_no_rest():
+    model = MLP(in_features=4, hidden=(3,), num_classes=2)
+    freeze(model[1])
+    groups = parameter_groups(model, {"3": 0.2})
+    assert len(groups) == 1 and groups[0]["param_names"] == ["3.weight", "3.bias"]
+    assert len(parameter_groups(model, {"3": 0.2}, trainable_only=False)) == 2
+
+
+@pytest.mark.parametrize("lrs, message", [
+    ({}, "at least one"), ({"head": 0.1}, "matches no"), ({"1": 0.1, "1.weight": 0.2}, "already in another"),
+    ({"1": 0}, "positive number"), ({"1": "fast"}, "positive number")])
+def test_parameter_groups_bad_arguments(lrs, message):
+    with pytest.raises(ValueError, match=message):
+        parameter_groups(MLP(in_features=4, hidden=(3,), num_classes=2), lrs)
+
+
+def test_prefixes_match_whole_name_parts():
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(12)])
+    groups = parameter_groups(model, {"1": 0.1})
+    assert groups[0]["param_names"] == ["1.weight", "1.bias"]  # not 10.* or 11.*
+
+
+def test_group_lrs_and_type_errors():
+    with pytest.raises(TypeError, match="optimizer"):
+        group_lrs("sgd")
+    with pytest.raises(TypeError, match="model"):
+        parameter_groups("model", {"1": 0.1})

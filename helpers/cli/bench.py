@@ -28,7 +28,7 @@ from helpers.devices import num_threads
 from helpers.loop import autocast_context, train_epoch
 from helpers.memory import format_bytes, peak_memory, saved_tensors_meter
 from helpers.models import MLP, SmallCNN, deep_linear_stack
-from helpers.tables import format_table
+from helpers.timing import format_table
 from helpers.timing import median, median_ratio, ratio_quartiles, time_interleaved
 
 LOSS = nn.CrossEntropyLoss()
