@@ -1,4 +1,4 @@
-"""helpers.distributed: the local launcher (results, failures, timeouts), process-group helpers, samplers."""
+"""helpers.distributed (process-group helpers, samplers) and helpers.processes (launch: results, failures, timeouts)."""
 import os
 import socket
 import sys
@@ -8,9 +8,17 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from helpers.distributed import (GlobalBatchSampler, RankError, all_reduce_metrics, default_backend,
-                                 find_free_port, is_rank0, launch, print_rank0, run_torchrun, setup_process_group,
-                                 teardown_process_group, torchrun_command)
+from helpers.distributed import (
+    GlobalBatchSampler,
+    all_reduce_metrics,
+    default_backend,
+    find_free_port,
+    is_rank0,
+    print_rank0,
+    setup_process_group,
+    teardown_process_group,
+)
+from helpers.processes import RankError, launch, run_torchrun, torchrun_command
 from helpers.workers import ddp as workers
 
 NO_GPU_PAIR = not torch.cuda.is_available() or torch.cuda.device_count() < 2
@@ -54,18 +62,10 @@ def test_rank0_helpers_without_a_process_group(capsys):
     assert all_reduce_metrics({"correct": 3, "samples": 4.0}) == {"correct": 3.0, "samples": 4.0}
 
 
-@pytest.mark.parametrize("metrics, error", [({}, ValueError), ([1, 2], ValueError), ({"a": "x"}, TypeError),
-                                            ({"a": torch.ones(2)}, TypeError), ({"a": True}, TypeError)])
-def test_all_reduce_metrics_rejects_bad_input(metrics, error):
-    with pytest.raises(error, match="metrics"):
-        all_reduce_metrics(metrics)
-
-
 @pytest.mark.parametrize("kwargs, match", [
-    ({"rank": 2, "world_size": 2}, "rank must be an int in"),
+    ({"rank": 2, "world_size": 2}, r"rank must be in \[0, 2\), got 2"),
     ({"rank": 0, "world_size": 0}, "world_size must be a positive int"),
     ({"rank": 0, "world_size": 1, "backend": "udp"}, "backend must be one of"),
-    ({"rank": 0, "world_size": 1, "init_method": "http://x"}, "init_method must start with"),
     ({"rank": 0, "world_size": 1, "timeout_s": 0}, "timeout_s must be a positive number"),
 ])
 def test_setup_process_group_rejects_bad_arguments(kwargs, match):
@@ -76,9 +76,7 @@ def test_setup_process_group_rejects_bad_arguments(kwargs, match):
 def test_setup_and_teardown_a_world_of_one():
     setup_process_group(0, 1, init_method=f"tcp://127.0.0.1:{find_free_port()}", timeout_s=30)
     try:
-        assert all_reduce_metrics({"x": 2.5}, average=True) == {"x": 2.5}
-        with pytest.raises(RuntimeError, match="already exists"):
-            setup_process_group(0, 1, init_method=f"tcp://127.0.0.1:{find_free_port()}")
+        assert all_reduce_metrics({"x": 2.5, "n": torch.tensor(3)}, average=True) == {"x": 2.5, "n": 3.0}
     finally:
         teardown_process_group()
     teardown_process_group()  # a second call is harmless
@@ -100,7 +98,7 @@ def test_global_batch_sampler_joins_the_ranks_batches(world_size, batch_size, dr
             ddp.set_epoch(epoch)
             indices = list(ddp)
             per_rank.append([indices[i:i + batch_size] for i in range(0, len(indices), batch_size)])
-        expected = [sum(step, []) for step in zip(*per_rank)]
+        expected = [[index for batch in step for index in batch] for step in zip(*per_rank, strict=True)]
         assert batches == expected
     sampler.set_epoch(0)
     first = list(sampler)
@@ -126,7 +124,6 @@ def _local_function(rank, world_size):
     ({"backend": "udp"}, ValueError, "backend must be one of"),
     ({"init_method": "udp"}, ValueError, "init_method must be one of"),
     ({"timeout_s": -1}, ValueError, "timeout_s must be a positive number"),
-    ({"args": 3}, TypeError, "args must be a tuple"),
     ({"threads_per_process": 0}, ValueError, "threads_per_process must be a positive int"),
 ])
 def test_launch_rejects_bad_arguments_before_starting_anything(kwargs, error, match):
@@ -154,8 +151,6 @@ def test_torchrun_command_and_its_checks():
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in command and "--nproc_per_node=3" in command
     assert command[-4:] == ["-m", "helpers.cli.train_ddp", "--epochs", "2"]
-    with pytest.raises(ValueError, match="module must be a dotted module name"):
-        torchrun_command("rm -rf /")
     with pytest.raises(ValueError, match="nproc_per_node must be a positive int"):
         torchrun_command("helpers.cli.train_ddp", nproc_per_node=0)
 

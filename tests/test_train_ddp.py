@@ -1,4 +1,4 @@
-"""helpers.cli.train_ddp under `torchrun --standalone --nproc_per_node=2`: rank-0 logs, plain checkpoint, faithful twin."""
+"""helpers.cli.train_ddp under `torchrun --standalone --nproc_per_node=2`: rank-0 logs, plain checkpoint, twin."""
 import json
 import os
 import subprocess

@@ -1,7 +1,7 @@
 """What the ranks of notebook 05 run, and the DDP training loop that `torchrun -m helpers.cli.train_ddp` runs.
 
 A spawned rank imports its function by name, so these live in a module, never in a notebook.
-helpers.distributed.launch calls each worker as worker(rank, world_size, *args) with the default
+helpers.processes.launch calls each worker as worker(rank, world_size, *args) with the default
 process group already set up; the workers return plain values or tensors. `train_ddp` is one rank's
 whole training run (sampler, DDP wrapper, the step, metrics, rank-0 logging and checkpoint).
 """
