@@ -4,8 +4,7 @@ from torch.utils.data import TensorDataset
 from torchvision import datasets
 
 from helpers import data
-from helpers.data import (DigitsDataset, PngFolderDataset, export_png_folders, fashion_mnist, make_loader,
-                          seed_worker)
+from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, fashion_mnist, make_loader, seed_worker
 
 
 def test_digits_split_is_fixed_disjoint_and_complete():
@@ -15,54 +14,49 @@ def test_digits_split_is_fixed_disjoint_and_complete():
     assert torch.equal(DigitsDataset("train").images, train.images)
     image, label = train[0]
     assert image.shape == (1, 8, 8) and image.dtype == torch.float32
-    assert 0.0 <= image.min() and image.max() <= 1.0
+    assert image.min() >= 0.0 and image.max() <= 1.0
     assert isinstance(label, int) and 0 <= label <= 9
     assert set(train.targets.tolist()) == set(range(10)) == set(test.targets.tolist())
 
 
-def test_digits_upscale_and_transform():
-    dataset = DigitsDataset("test", size=28, transform=lambda x: x * 2)
-    image, _ = dataset[3]
+def test_digits_upscale():
+    image, _ = DigitsDataset("test", size=28)[3]
     assert image.shape == (1, 28, 28)
-    assert image.max() <= 2.0
+    assert image.min() >= 0.0 and image.max() <= 1.0
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"split": "valid"}, "split"), ({"size": 4}, "size"), ({"test_fraction": 1.5}, "test_fraction")])
+    ({"split": "valid"}, "split"), ({"size": 4}, "size"), ({"size": 8.5}, "size")])
 def test_digits_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DigitsDataset(**kwargs)
 
 
-def test_export_png_folders_roundtrip_with_imagefolder(tmp_path):
-    source = DigitsDataset("test")
-    root = export_png_folders(source, tmp_path / "digits")
-    assert len(list(root.glob("*/*.png"))) == len(source)
-    folder = datasets.ImageFolder(root)
-    assert folder.classes == list(source.classes)
-    mine = PngFolderDataset(root)
-    assert len(mine) == len(source)
-    image, label = mine[0]
-    index = int(mine.samples[0][0].stem)
-    assert label == source[index][1]
-    assert torch.allclose(image, source[index][0], atol=1 / 255)
+def test_export_digits_png_roundtrip_with_imagefolder(tmp_path):
+    root = export_digits_png(tmp_path / "digits", size=8)
+    for split in ("train", "test"):
+        source = DigitsDataset(split)
+        assert len(list((root / split).glob("*/*.png"))) == len(source)
+        folder = datasets.ImageFolder(root / split)
+        assert folder.classes == list(source.classes)
+        mine = PngFolderDataset(root / split)
+        assert len(mine) == len(source)
+        image, label = mine[0]
+        index = int(mine.samples[0][0].stem)
+        assert label == source[index][1]
+        assert torch.allclose(image, source[index][0], atol=1 / 255)
     # a second call finds the export complete and leaves it alone
     stamp = mine.samples[0][0].stat().st_mtime_ns
-    export_png_folders(source, root)
+    export_digits_png(root, size=8)
     assert mine.samples[0][0].stat().st_mtime_ns == stamp
+    assert not any(path.name.startswith(".") for path in root.iterdir())  # no staging folder left
 
 
-def test_export_png_folders_refuses_a_mismatched_folder(tmp_path):
-    root = export_png_folders(DigitsDataset("test"), tmp_path / "digits")
-    with pytest.raises(ValueError, match="overwrite"):
-        export_png_folders(DigitsDataset("train"), root)
-    export_png_folders(DigitsDataset("train"), root, overwrite=True)
-    assert len(list(root.glob("*/*.png"))) == len(DigitsDataset("train"))
-
-
-def test_export_needs_class_names(tmp_path):
-    with pytest.raises(ValueError, match="classes"):
-        export_png_folders(TensorDataset(torch.zeros(2, 1, 8, 8), torch.zeros(2)), tmp_path / "x")
+def test_export_digits_png_refuses_a_mismatched_folder(tmp_path):
+    (tmp_path / "train" / "0").mkdir(parents=True)
+    (tmp_path / "train" / "0" / "00000.png").write_bytes(b"")
+    with pytest.raises(ValueError, match="holds 1 PNGs"):
+        export_digits_png(tmp_path, size=8)
 
 
 def test_png_folder_dataset_rejects_missing_or_empty_folders(tmp_path):
@@ -93,7 +87,10 @@ def test_data_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def test_make_loader_seeded_order_repeats_and_differs():
     dataset = TensorDataset(torch.arange(100))
-    order = lambda seed: torch.cat([b[0] for b in make_loader(dataset, batch_size=10, shuffle=True, seed=seed)])
+
+    def order(seed):
+        return torch.cat([b[0] for b in make_loader(dataset, batch_size=10, shuffle=True, seed=seed)])
+
     assert torch.equal(order(1), order(1))
     assert not torch.equal(order(1), order(2))
     assert sorted(order(3).tolist()) == list(range(100))
@@ -113,23 +110,11 @@ def test_make_loader_seeds_workers_distinctly():
 @pytest.mark.parametrize("kwargs, message", [
     ({"batch_size": 0}, "batch_size"), ({"batch_size": 2.5}, "batch_size"), ({"num_workers": -1}, "num_workers"),
     ({"persistent_workers": True}, "persistent_workers"), ({"prefetch_factor": 2}, "prefetch_factor"),
-    ({"num_workers": 1, "prefetch_factor": 0}, "prefetch_factor"), ({"seed": -3}, "seed"),
-    ({"timeout": -1}, "timeout"),
+    ({"seed": -3}, "seed"), ({"timeout": -1}, "timeout"),
 ])
 def test_make_loader_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_loader(TensorDataset(torch.zeros(4)), **kwargs)
-
-
-def test_make_loader_sampler_and_shuffle_conflict():
-    dataset = TensorDataset(torch.zeros(4))
-    with pytest.raises(ValueError, match="sampler and shuffle"):
-        make_loader(dataset, shuffle=True, sampler=torch.utils.data.SequentialSampler(dataset))
-
-
-def test_make_loader_rejects_non_datasets():
-    with pytest.raises(TypeError, match="dataset"):
-        make_loader([1, 2, 3])
 
 
 def test_make_loader_with_a_worker_delivers_everything():
