@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-fast bench bench-quick install clean-venv
+.PHONY: lab test test-fast lint bench bench-quick install clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
-test: $(STAMP)
+# ruff (lint and format) and mypy over the package and its tests: the first step of `make test`.
+lint: $(STAMP)
+	$(PY) -m ruff check helpers tests conftest.py
+	$(PY) -m ruff format --check helpers tests conftest.py
+	$(PY) -m mypy
+
+test: lint
 	@bash scripts/ensure-chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 

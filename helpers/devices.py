@@ -1,4 +1,5 @@
 """Choosing a device, seeding every random number generator, and reporting the environment."""
+
 from __future__ import annotations
 
 import contextlib
@@ -109,10 +110,14 @@ def keep_freed_memory(pad_mib: int = 256) -> bool:
     except OSError:
         return False
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # from glibc's malloc.h
-    return all(libc.mallopt(option, value) == 1 for option, value in (
-        (m_mmap_threshold, 32 * 2**20),  # the largest glibc accepts on 64-bit systems
-        (m_trim_threshold, 2**30),
-        (m_top_pad, pad_mib * 2**20)))
+    return all(
+        libc.mallopt(option, value) == 1
+        for option, value in (
+            (m_mmap_threshold, 32 * 2**20),  # the largest glibc accepts on 64-bit systems
+            (m_trim_threshold, 2**30),
+            (m_top_pad, pad_mib * 2**20),
+        )
+    )
 
 
 def environment_report() -> dict:
@@ -139,10 +144,13 @@ def environment_report() -> dict:
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
             report["devices"].append(
-                {"name": props.name, "index": index, "memory_bytes": props.total_memory,
-                 "capability": f"{props.major}.{props.minor}"}
+                {
+                    "name": props.name,
+                    "index": index,
+                    "memory_bytes": props.total_memory,
+                    "capability": f"{props.major}.{props.minor}",
+                }
             )
     else:
-        report["devices"].append({"name": cpu_name(), "index": None,
-                                  "memory_bytes": None, "capability": None})
+        report["devices"].append({"name": cpu_name(), "index": None, "memory_bytes": None, "capability": None})
     return report

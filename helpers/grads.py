@@ -7,9 +7,10 @@
 `inputs` may be one tensor or a tuple of tensors (all split along dim 0 and passed as model(*inputs)),
 so extra per-sample data, such as a fixed dropout mask, travels with its sample into every micro-batch.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -19,13 +20,15 @@ def _parameters(model_or_params: nn.Module | Iterable[torch.Tensor]) -> list[tor
     if isinstance(model_or_params, nn.Module):
         return list(model_or_params.parameters())
     if isinstance(model_or_params, torch.Tensor):
-        raise TypeError("model_or_params must be an nn.Module or an iterable of tensors, got a single tensor; "
-                        "wrap it in a list")
+        raise TypeError(
+            "model_or_params must be an nn.Module or an iterable of tensors, got a single tensor; wrap it in a list"
+        )
     try:
         params = list(model_or_params)
     except TypeError:
-        raise TypeError(f"model_or_params must be an nn.Module or an iterable of tensors, "
-                        f"got {type(model_or_params).__name__}") from None
+        raise TypeError(
+            f"model_or_params must be an nn.Module or an iterable of tensors, got {type(model_or_params).__name__}"
+        ) from None
     if not all(isinstance(p, torch.Tensor) for p in params):
         raise TypeError("model_or_params must be an nn.Module or an iterable of tensors")
     return params
@@ -36,8 +39,7 @@ def flat_grad(model_or_params: nn.Module | Iterable[torch.Tensor]) -> torch.Tens
     params = _parameters(model_or_params)
     if not params:
         raise ValueError("model_or_params holds no parameters")
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
-                      for p in params])
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1) for p in params])
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,8 +53,9 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().double().cpu() - b.detach().double().cpu()).abs().max().item()
 
 
-def batch_gradient(model: nn.Module, loss_fn: Callable, inputs, targets: torch.Tensor, *,
-                   micro_batch_size: int | None = None) -> torch.Tensor:
+def batch_gradient(
+    model: nn.Module, loss_fn: Callable, inputs, targets: torch.Tensor, *, micro_batch_size: int | None = None
+) -> torch.Tensor:
     """The gradient of loss_fn(model(*inputs), targets) over the whole batch, as a flat vector.
 
     With `micro_batch_size`, the batch is split into micro-batches (the last may be smaller) whose

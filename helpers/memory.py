@@ -1,13 +1,14 @@
 """Memory meters: bytes saved for backward, model/optimizer state bytes, and peak memory."""
+
 from __future__ import annotations
 
 import contextlib
 import re
 import resource
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -34,10 +35,10 @@ class SavedTensorsMeter:
     """What autograd saved for backward inside a `saved_tensors_meter` block."""
 
     excluded: set = field(default_factory=set)
-    bytes: int = 0        # every storage saved during the block, each counted once while it is alive
-    peak_bytes: int = 0   # the most that was alive (not yet freed by backward) at one time
+    bytes: int = 0  # every storage saved during the block, each counted once while it is alive
+    peak_bytes: int = 0  # the most that was alive (not yet freed by backward) at one time
     live_bytes: int = 0
-    tensors: int = 0      # how many tensors autograd saved (views of one storage count separately)
+    tensors: int = 0  # how many tensors autograd saved (views of one storage count separately)
     _live: dict = field(default_factory=dict)
 
     def _pack(self, tensor: torch.Tensor):
@@ -67,7 +68,7 @@ class SavedTensorsMeter:
 class _Saved:
     """A saved tensor wrapped so the meter notices when autograd frees it."""
 
-    __slots__ = ("meter", "key", "tensor")
+    __slots__ = ("key", "meter", "tensor")
 
     def __init__(self, meter: SavedTensorsMeter, key, tensor: torch.Tensor) -> None:
         # Keep a detached alias (same storage, no grad_fn): holding a saved *output* itself would make a
@@ -172,7 +173,8 @@ def peak_memory(device: torch.device | str) -> Iterator[PeakMemory]:
     elif device.type == "cpu":
         reset = _reset_rss_high_water()
         label = "process resident-memory high-water mark (coarse: whole process" + (
-            ", reset at block start)" if reset else ", since process start)")
+            ", reset at block start)" if reset else ", since process start)"
+        )
         result = PeakMemory(device, label)
         yield result
         result.bytes = _rss_high_water()

@@ -1,8 +1,9 @@
 """The course models (a small MLP, a small CNN, a deep Linear stack for memory lessons) and their optimizers:
 one chosen by name, parameter groups with their own learning rates, frozen layers."""
+
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -16,8 +17,15 @@ def _check_positive(name: str, value) -> None:
 class MLP(nn.Sequential):
     """Flatten, then Linear -> [BatchNorm] -> ReLU -> [Dropout] per hidden layer, then a Linear head."""
 
-    def __init__(self, in_features: int = 64, hidden: Sequence[int] = (128, 64), num_classes: int = 10,
-                 *, dropout: float = 0.0, batch_norm: bool = False) -> None:
+    def __init__(
+        self,
+        in_features: int = 64,
+        hidden: Sequence[int] = (128, 64),
+        num_classes: int = 10,
+        *,
+        dropout: float = 0.0,
+        batch_norm: bool = False,
+    ) -> None:
         _check_positive("in_features", in_features)
         _check_positive("num_classes", num_classes)
         for width in hidden:
@@ -41,8 +49,9 @@ class MLP(nn.Sequential):
 class SmallCNN(nn.Module):
     """Two 3x3 conv blocks and a linear head; adaptive pooling lets it take 8x8 or 28x28 images alike."""
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, *, channels: int = 16,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self, in_channels: int = 1, num_classes: int = 10, *, channels: int = 16, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         _check_positive("in_channels", in_channels)
         _check_positive("num_classes", num_classes)
@@ -50,8 +59,12 @@ class SmallCNN(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
+            nn.Conv2d(in_channels, channels, 3, padding=1),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.BatchNorm2d(2 * channels),
+            nn.ReLU(),
             nn.AdaptiveAvgPool2d(4),
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(2 * channels * 16, num_classes))
@@ -106,8 +119,9 @@ def make_optimizer(name: str, params: Iterable, lr: float, **kwargs) -> torch.op
     lr = _check_lr("lr", lr)
     params = list(params)
     if not params:
-        raise ValueError("params must hold at least one tensor or parameter group, got none "
-                         "(are all parameters frozen?)")
+        raise ValueError(
+            "params must hold at least one tensor or parameter group, got none (are all parameters frozen?)"
+        )
     return OPTIMIZERS[name.lower()](params, lr=lr, **kwargs)
 
 
@@ -159,14 +173,17 @@ def parameter_groups(model: nn.Module, lrs: Mapping[str, float], *, trainable_on
         lr = _check_lr(f"lrs[{prefix!r}]", lr)
         matched = [(name, param) for name, param in named if _belongs(name, prefix)]
         if not matched:
-            raise ValueError(f"prefix {prefix!r} in lrs matches no {'trainable ' if trainable_only else ''}parameter; "
-                             f"names start with {sorted({name.split('.')[0] for name, _ in named})}")
+            raise ValueError(
+                f"prefix {prefix!r} in lrs matches no {'trainable ' if trainable_only else ''}parameter; "
+                f"names start with {sorted({name.split('.')[0] for name, _ in named})}"
+            )
         overlap = [name for name, _ in matched if name in claimed]
         if overlap:
             raise ValueError(f"prefix {prefix!r} in lrs claims parameters already in another group: {overlap}")
         claimed.update(name for name, _ in matched)
-        groups.append({"params": [param for _, param in matched], "lr": lr,
-                       "param_names": [name for name, _ in matched]})
+        groups.append(
+            {"params": [param for _, param in matched], "lr": lr, "param_names": [name for name, _ in matched]}
+        )
     rest = [(name, param) for name, param in named if name not in claimed]
     if rest:
         groups.append({"params": [param for _, param in rest], "param_names": [name for name, _ in rest]})

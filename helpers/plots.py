@@ -1,8 +1,9 @@
 """Plots: live training curves that update in place in Jupyter, and charts for measurement tables."""
+
 from __future__ import annotations
 
 import io
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -74,8 +75,16 @@ def figure_png(figure: Figure, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
-def line_chart(x: Sequence[float], series: Mapping[str, Sequence[float]], *, xlabel: str, ylabel: str,
-               title: str = "", logx: bool = False, logy: bool = False) -> Figure:
+def line_chart(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logx: bool = False,
+    logy: bool = False,
+) -> Figure:
     """One line per series against shared x values."""
     if not series:
         raise ValueError("series must hold at least one named sequence")
@@ -104,8 +113,9 @@ def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", anno
     labels, heights = list(values), [float(v) for v in values.values()]
     bars = ax.bar(labels, heights, color="tab:blue")
     for bar, height in zip(bars, heights):
-        ax.annotate(annotate.format(height), (bar.get_x() + bar.get_width() / 2, height),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            annotate.format(height), (bar.get_x() + bar.get_width() / 2, height), ha="center", va="bottom", fontsize=8
+        )
     ax.set(ylabel=ylabel, title=title)
     ax.grid(axis="y", alpha=0.3)
     figure.tight_layout()

@@ -1,10 +1,12 @@
 """Timing done right (warm-up first, synchronise CUDA before reading the clock, compare in one run), and the
 plain-text tables that notebooks and the benchmark print the measurements in."""
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -27,8 +29,9 @@ def _check_counts(repeat: int, warmup: int) -> None:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
 
 
-def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
-              device: torch.device | str | None = None) -> list[float]:
+def time_call(
+    fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, device: torch.device | str | None = None
+) -> list[float]:
     """Seconds taken by each of `repeat` calls of fn(), after `warmup` untimed calls."""
     _check_counts(repeat, warmup)
     for _ in range(warmup):
@@ -43,8 +46,16 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
     return seconds
 
 
-def time_interleaved(fns: Mapping[str, Callable[[], object]], *, repeat: int = 5, warmup: int = 1,
-                     device: torch.device | str | None = None) -> dict[str, list[float]]:
+Key = TypeVar("Key", bound=Hashable)
+
+
+def time_interleaved(
+    fns: Mapping[Key, Callable[[], object]],
+    *,
+    repeat: int = 5,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+) -> dict[Key, list[float]]:
     """Time several functions in rounds, so drifts in machine load hit them alike.
 
     Every other round runs them in reverse order (A B, B A, A B, ...), so that neither always runs
@@ -57,10 +68,10 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, repeat: int = 5
         for fn in fns.values():
             fn()
     synchronize(device)
-    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    seconds: dict[Key, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for round_index in range(repeat):
-        for name in (names if round_index % 2 == 0 else names[::-1]):
+        for name in names if round_index % 2 == 0 else names[::-1]:
             fn = fns[name]
             start = time.perf_counter()
             fn()
@@ -102,9 +113,17 @@ def precisions_for(device: torch.device | str) -> list[str]:
     return ["fp32", "bf16", "fp16"] if device.type == "cuda" else ["fp32", "bf16"]
 
 
-def time_training_steps(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
-                        precisions: list[str] | tuple[str, ...], device: torch.device | str, repeat: int = 10,
-                        warmup: int = 3, lr: float = 0.01) -> dict[str, list[float]]:
+def time_training_steps(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    precisions: list[str] | tuple[str, ...],
+    device: torch.device | str,
+    repeat: int = 10,
+    warmup: int = 3,
+    lr: float = 0.01,
+) -> dict[str, list[float]]:
     """Seconds per training step of `model` on one batch in each precision ('fp32', 'bf16', 'fp16').
 
     A step is `helpers.loop.train_epoch` over the one batch: forward and loss under autocast (none for
@@ -130,7 +149,8 @@ def time_training_steps(model: torch.nn.Module, inputs: torch.Tensor, targets: t
         optimizer = torch.optim.SGD(replica.parameters(), lr=lr)
         scaler = make_grad_scaler(device, amp)  # one scaler across steps, as in training
         steps[name] = lambda replica=replica, optimizer=optimizer, scaler=scaler, amp=amp: train_epoch(
-            replica, batch, optimizer, F.cross_entropy, device=device, amp=amp, scaler=scaler, progress=False)
+            replica, batch, optimizer, F.cross_entropy, device=device, amp=amp, scaler=scaler, progress=False
+        )
     return time_interleaved(steps, repeat=repeat, warmup=warmup, device=device)
 
 
@@ -140,8 +160,13 @@ def _default_format(value) -> str:
     return "" if value is None else str(value)
 
 
-def format_table(rows: Sequence[Mapping | Sequence], columns: Sequence[str], *,
-                 formats: Mapping[str, str] | None = None, title: str = "") -> str:
+def format_table(
+    rows: Sequence[Mapping | Sequence],
+    columns: Sequence[str],
+    *,
+    formats: Mapping[str, str] | None = None,
+    title: str = "",
+) -> str:
     """Rows (dicts keyed by column, or sequences in column order) as an aligned table.
 
     `formats` maps a column to a format such as '{:.2f}'.

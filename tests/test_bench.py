@@ -1,4 +1,5 @@
 """The benchmark's table, ratio and report code on tiny inputs (not the speed itself)."""
+
 import json
 
 import pytest
@@ -23,15 +24,18 @@ def test_machine_line_names_cpu_torch_and_device():
 def test_notebook_durations_sums_cells_per_notebook(tmp_path):
     report = tmp_path / "junit.xml"
     report.write_text(
-        '<testsuites><testsuite>'
+        "<testsuites><testsuite>"
         '<testcase classname="notebooks.00_setup_and_devices.ipynb" name="Cell 0" file="notebooks/00_setup_and_devices.ipynb" time="1.5"/>'
         '<testcase classname="notebooks.00_setup_and_devices.ipynb" name="Cell 1" file="notebooks/00_setup_and_devices.ipynb" time="2.0"/>'
         '<testcase classname="notebooks.02_training_loop.ipynb" name="Cell 0" file="notebooks/02_training_loop.ipynb" time="4.0"/>'
         '<testcase classname="tests.test_x" name="test_y" file="tests/test_x.py" time="9.0"/>'
-        '</testsuite></testsuites>')
+        "</testsuite></testsuites>"
+    )
     rows = bench.notebook_durations(report)
-    assert rows == [{"notebook": "00_setup_and_devices.ipynb", "seconds": 3.5},
-                    {"notebook": "02_training_loop.ipynb", "seconds": 4.0}]
+    assert rows == [
+        {"notebook": "00_setup_and_devices.ipynb", "seconds": 3.5},
+        {"notebook": "02_training_loop.ipynb", "seconds": 4.0},
+    ]
 
 
 @pytest.mark.slow
@@ -64,8 +68,9 @@ def test_time_training_steps_times_copies_and_leaves_the_model_alone():
     model = MLP(64, (16,), 10)
     before = [p.detach().clone() for p in model.parameters()]
     inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
-    seconds = time_training_steps(model, inputs, targets, precisions=["fp32", "bf16", "fp16"], device="cpu",
-                                  repeat=2, warmup=1)
+    seconds = time_training_steps(
+        model, inputs, targets, precisions=["fp32", "bf16", "fp16"], device="cpu", repeat=2, warmup=1
+    )
     assert set(seconds) == {"fp32", "bf16", "fp16"}
     assert all(len(v) == 2 and all(s > 0 for s in v) for v in seconds.values())
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
@@ -113,14 +118,27 @@ def test_loop_overhead_gives_each_case_its_own_time(monkeypatch, quick):
 def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, monkeypatch, capsys):
     def tiny_sections(device, quick):
         def loop():
-            return [{"case": "a", "epochs": 3, "ratio": bench.throughput_ratio([1.25, 2.5], [1.0, 2.0])},
-                    {"case": "b", "epochs": 3, "ratio": 1.0}]
-        return [("1. Loop", loop, ["case", "epochs", "ratio"]),
-                ("3. Checkpointing", lambda: [{"segments": 0, "memory ratio": 1.0, "time ratio": 1.0},
-                                              {"segments": 10, "memory ratio": 0.5, "time ratio": 1.5}],
-                 ["segments", "memory ratio", "time ratio"]),
-                ("4. Precision", lambda: [{"precision": "bf16", "memory ratio": 0.5, "time ratio": 2.0}],
-                 ["precision", "memory ratio", "time ratio"])]
+            return [
+                {"case": "a", "epochs": 3, "ratio": bench.throughput_ratio([1.25, 2.5], [1.0, 2.0])},
+                {"case": "b", "epochs": 3, "ratio": 1.0},
+            ]
+
+        return [
+            ("1. Loop", loop, ["case", "epochs", "ratio"]),
+            (
+                "3. Checkpointing",
+                lambda: [
+                    {"segments": 0, "memory ratio": 1.0, "time ratio": 1.0},
+                    {"segments": 10, "memory ratio": 0.5, "time ratio": 1.5},
+                ],
+                ["segments", "memory ratio", "time ratio"],
+            ),
+            (
+                "4. Precision",
+                lambda: [{"precision": "bf16", "memory ratio": 0.5, "time ratio": 2.0}],
+                ["precision", "memory ratio", "time ratio"],
+            ),
+        ]
 
     monkeypatch.setattr(bench, "_sections", tiny_sections)
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
@@ -131,4 +149,3 @@ def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, m
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["summary"]["loop_ratio_min"] == pytest.approx(0.8) == results["summary"]["loop_ratio_min"]
     assert [row["case"] for row in saved["sections"]["1. Loop"]] == ["a", "b"]
-

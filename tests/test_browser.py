@@ -6,6 +6,7 @@ knobs render, then runs notebook 02 in full, moves a knob, presses Run and check
 ran again with the new value, down to the notebook's last section.
 Screenshots land in `.screenshots/` (git-ignored).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / ".screenshots"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 TRAINING_NOTEBOOK = "02_training_loop.ipynb"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 CELL_TIMEOUT_MS = 180_000
 
 
@@ -50,8 +58,10 @@ def _free_port() -> int:
 
 def _write_settings(folder: Path) -> None:
     settings = {
-        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                            "checkForUpdates": False},
+        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+            "fetchNews": "false",
+            "checkForUpdates": False,
+        },
         "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     }
     for name, value in settings.items():
@@ -64,8 +74,10 @@ def _write_settings(folder: Path) -> None:
 def browser():
     path = _chromium()
     if path is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium; or set CHROMIUM_PATH); "
-                    "`make test` tries to install it")
+        pytest.skip(
+            "Chromium is not installed (Debian: apt-get install chromium; or set CHROMIUM_PATH); "
+            "`make test` tries to install it"
+        )
     playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
@@ -83,18 +95,36 @@ def lab(tmp_path_factory):
     port = _free_port()
     # A learner's kernel draws inline; the Agg backend the unit tests set would turn plots into text.
     env = {key: value for key, value in os.environ.items() if key != "MPLBACKEND"}
-    env = {**env, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-           "JUPYTER_PLATFORM_DIRS": "1"}
-    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-               f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
-               "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={served}",
-               f"--LabApp.user_settings_dir={base / 'settings'}", f"--LabApp.workspaces_dir={base / 'workspaces'}",
-               "--LabApp.news_url=", "--ServerApp.open_browser=False"]
+    env = {
+        **env,
+        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=",
+        "--ServerApp.password=",
+        "--ServerApp.disable_check_xsrf=True",
+        f"--ServerApp.root_dir={served}",
+        f"--LabApp.user_settings_dir={base / 'settings'}",
+        f"--LabApp.workspaces_dir={base / 'workspaces'}",
+        "--LabApp.news_url=",
+        "--ServerApp.open_browser=False",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-root")
-    log = open(base / "jupyter.log", "w")
-    server = subprocess.Popen(command, cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    log = open(base / "jupyter.log", "w")  # noqa: SIM115 - the server writes to it until the fixture ends
+    server = subprocess.Popen(
+        command, cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -158,7 +188,8 @@ class Session:
             self.page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached")
             expected = len(nbformat.read(self.lab["root"] / self.notebook, as_version=4).cells)
             self.page.wait_for_function(
-                f"document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell').length >= {expected}")
+                f"document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell').length >= {expected}"
+            )
             self.wait_kernel_ready()
 
     def wait_kernel_ready(self, timeout_s: float = 120) -> None:
@@ -209,8 +240,9 @@ class Session:
         text = self.page.locator(".jp-NotebookPanel .jp-OutputArea").all_inner_texts()
         joined = "\n".join(text)
         assert "Error displaying widget" not in joined, "a widget failed to render"
-        assert "Traceback (most recent call last)" not in joined, \
-            f"a cell shows an error: {joined[joined.find('Traceback') - 300:][:800]}"
+        assert "Traceback (most recent call last)" not in joined, (
+            f"a cell shows an error: {joined[joined.find('Traceback') - 300 :][:800]}"
+        )
 
     def close(self) -> None:
         self.page.close()
@@ -219,9 +251,11 @@ class Session:
 
 def _knob_cell(path: Path) -> int:
     cells = nbformat.read(path, as_version=4).cells
-    return next(i for i, c in enumerate(cells)
-                if c.cell_type == "code" and "nbval-ignore-output" in c.metadata.get("tags", [])
-                and "knob_panel" in c.source)
+    return next(
+        i
+        for i, c in enumerate(cells)
+        if c.cell_type == "code" and "nbval-ignore-output" in c.metadata.get("tags", []) and "knob_panel" in c.source
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

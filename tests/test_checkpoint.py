@@ -1,4 +1,5 @@
 """helpers.checkpoint and helpers.cli.resume: atomic saves, safe checked loads, exact resume, SIGKILL at any moment."""
+
 import contextlib
 import os
 import pickle
@@ -32,7 +33,7 @@ from helpers.cli.resume import train
 from helpers.models import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = {"steps": 120, "save_every": 10, "seed": 3}   # 43 steps per epoch (1347 samples, batch 32)
+RUN = {"steps": 120, "save_every": 10, "seed": 3}  # 43 steps per epoch (1347 samples, batch 32)
 CLI = [sys.executable, "-m", "helpers.cli.resume"]
 
 
@@ -55,10 +56,12 @@ def _one_step(model, optimizer, scheduler):
 
 def _states_equal(a: dict, b: dict) -> bool:
     """Same keys and bit-identical values; tensors are compared on the CPU, wherever each one lives."""
+
     def same(x, y):
         if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x.cpu(), y.cpu())
         return x == y
+
     return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
 
 
@@ -74,7 +77,8 @@ def test_states_equal_compares_across_devices_and_sees_a_difference():
 def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa["param_groups"] == sb["param_groups"] and all(
-        _states_equal(sa["state"][i], sb["state"][i]) for i in sa["state"])
+        _states_equal(sa["state"][i], sb["state"][i]) for i in sa["state"]
+    )
 
 
 # ------------------------------------------------------------------------------------------- unwrapping
@@ -119,16 +123,27 @@ def test_round_trip_restores_every_part_and_every_random_stream(tmp_path):
         _one_step(model, optimizer, scheduler)
     generator = torch.Generator().manual_seed(5)
     torch.rand(3, generator=generator)
-    path = save_checkpoint(tmp_path / "run.pt", torch.compile(model), optimizer, scheduler, scaler, epoch=2, step=3,
-                           metric=0.25, generator=generator, extra={"note": "hi", "values": [1, 2.5]})
+    path = save_checkpoint(
+        tmp_path / "run.pt",
+        torch.compile(model),
+        optimizer,
+        scheduler,
+        scaler,
+        epoch=2,
+        step=3,
+        metric=0.25,
+        generator=generator,
+        extra={"note": "hi", "values": [1, 2.5]},
+    )
     expected_draws = (random.random(), float(np.random.rand()), torch.rand(4), torch.rand(4, generator=generator))
     expected_model = {k: v.clone() for k, v in model.state_dict().items()}
 
     fresh_model, fresh_optimizer, fresh_scheduler, fresh_scaler = _training_objects(1)
     fresh_generator = torch.Generator().manual_seed(99)
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    state = load_checkpoint(path, fresh_model, fresh_optimizer, fresh_scheduler, fresh_scaler,
-                            generator=fresh_generator)
+    state = load_checkpoint(
+        path, fresh_model, fresh_optimizer, fresh_scheduler, fresh_scaler, generator=fresh_generator
+    )
     draws = (random.random(), float(np.random.rand()), torch.rand(4), torch.rand(4, generator=fresh_generator))
 
     assert (state["epoch"], state["step"], state["metric"]) == (2, 3, 0.25)
@@ -202,7 +217,9 @@ def test_a_file_labelled_as_saved_on_a_gpu_needs_map_location_without_one(tmp_pa
     with mock.patch("torch.serialization.location_tag", lambda storage: "cuda:0"):  # as a GPU run writes them
         path = save_checkpoint(tmp_path / "gpu.pt", model)
     if not torch.cuda.is_available():
-        with pytest.raises(CheckpointError, match=r"gpu\.pt holds tensors saved on a device this machine does not have"):
+        with pytest.raises(
+            CheckpointError, match=r"gpu\.pt holds tensors saved on a device this machine does not have"
+        ):
             load_checkpoint(path, MLP(64, (8,), 10), map_location=None)
     other = MLP(64, (8,), 10)
     load_checkpoint(path, other)  # map_location="cpu" by default
@@ -222,8 +239,9 @@ def test_a_gpu_checkpoint_loads_on_cpu(tmp_path):
     cpu_optimizer = torch.optim.AdamW(cpu_model.parameters(), lr=0.01)
     load_checkpoint(path, cpu_model, cpu_optimizer, map_location="cpu")
     assert all(torch.equal(a.cpu(), b) for a, b in zip(model.state_dict().values(), cpu_model.state_dict().values()))
-    assert all(v.device.type == "cpu" for s in cpu_optimizer.state.values() for v in s.values()
-               if isinstance(v, torch.Tensor))
+    assert all(
+        v.device.type == "cpu" for s in cpu_optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+    )
 
 
 # --------------------------------------------------------------------------------------- bad files
@@ -259,9 +277,14 @@ def test_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path):
 
 def test_a_checkpoint_of_another_model_lists_keys_and_shapes(tmp_path):
     path = save_checkpoint(tmp_path / "small.pt", MLP(64, (32,), 10))
-    with pytest.raises(CheckpointError, match=r"small\.pt.*shape mismatches: 1\.weight: file \(32, 64\) vs model \(16, 64\)"):
+    with pytest.raises(
+        CheckpointError, match=r"small\.pt.*shape mismatches: 1\.weight: file \(32, 64\) vs model \(16, 64\)"
+    ):
         load_checkpoint(path, MLP(64, (16,), 10))
-    with pytest.raises(CheckpointError, match=r"missing keys: 4\.weight, 4\.bias, 7\.weight, 7\.bias; unexpected keys: 3\.weight, 3\.bias"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing keys: 4\.weight, 4\.bias, 7\.weight, 7\.bias; unexpected keys: 3\.weight, 3\.bias",
+    ):
         load_checkpoint(path, MLP(64, (32, 16), 10, dropout=0.1))
     model = MLP(64, (16,), 10)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -476,8 +499,18 @@ def straight_run(tmp_path_factory):
 
 
 def _cli(folder: Path) -> list[str]:
-    return ["--folder", str(folder), "--steps", str(RUN["steps"]), "--save-every", str(RUN["save_every"]),
-            "--seed", str(RUN["seed"]), "--threads", "1"]
+    return [
+        "--folder",
+        str(folder),
+        "--steps",
+        str(RUN["steps"]),
+        "--save-every",
+        str(RUN["save_every"]),
+        "--seed",
+        str(RUN["seed"]),
+        "--threads",
+        "1",
+    ]
 
 
 def _assert_same_final_state(folder: Path, straight: dict) -> None:
@@ -499,8 +532,9 @@ def test_resume_in_a_fresh_process_is_bit_identical(tmp_path, straight_run, one_
     first = train(tmp_path, stop_after=stop_after, **RUN)
     assert first["steps_done"] == stop_after
     sampler_state = read_checkpoint(first["manager"].latest())["extra"]["sampler"]
-    assert sampler_state == ({"epoch": 1, "offset": 0} if where == "epoch boundary"
-                             else {"epoch": 1, "offset": (stop_after - 43) * 32})
+    assert sampler_state == (
+        {"epoch": 1, "offset": 0} if where == "epoch boundary" else {"epoch": 1, "offset": (stop_after - 43) * 32}
+    )
     del first  # nothing of the first part survives except the files
     done = subprocess.run([*CLI, *_cli(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -562,7 +596,8 @@ class _Running:
 
     def __init__(self, command: list[str]) -> None:
         self.process: subprocess.Popen[str] = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -588,7 +623,9 @@ class _Running:
                     return True
         self.process.kill()
         assert self.process.stderr is not None
-        raise AssertionError(f"no line starting with {prefix!r} within {timeout} s; stderr: {self.process.stderr.read()}")
+        raise AssertionError(
+            f"no line starting with {prefix!r} within {timeout} s; stderr: {self.process.stderr.read()}"
+        )
 
     def kill(self) -> bool:
         """SIGKILL (no cleanup of any kind runs); True if the process was still running."""
@@ -612,16 +649,19 @@ def _every_checkpoint_loads(folder: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint_and_resume_reaches_the_same_weights(
-        tmp_path, straight_run):
+def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint_and_resume_reaches_the_same_weights(tmp_path, straight_run):
     # The random moments come from a seeded generator: the seed and the moments are printed (pytest shows
     # them when the test fails); rerun with KILL_TEST_SEED=<seed> to pick the same ones.
     seed = int(os.environ.get("KILL_TEST_SEED", random.SystemRandom().randrange(2**32)))
     rng = random.Random(seed)
     print(f"KILL_TEST_SEED={seed}")
     plain = [*CLI, *_cli(tmp_path)]
-    plan = [("random", plain), ("write", [sys.executable, "-c", _PAUSING_RUNNER, "write", *_cli(tmp_path)]),
-            ("rename", [sys.executable, "-c", _PAUSING_RUNNER, "rename", *_cli(tmp_path)]), ("random", plain)]
+    plan = [
+        ("random", plain),
+        ("write", [sys.executable, "-c", _PAUSING_RUNNER, "write", *_cli(tmp_path)]),
+        ("rename", [sys.executable, "-c", _PAUSING_RUNNER, "rename", *_cli(tmp_path)]),
+        ("random", plain),
+    ]
     newest = 0
     for number, (how, command) in enumerate(plan, 1):
         running = _Running(command)

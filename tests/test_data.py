@@ -25,8 +25,9 @@ def test_digits_upscale():
     assert image.min() >= 0.0 and image.max() <= 1.0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"split": "valid"}, "split"), ({"size": 4}, "size"), ({"size": 8.5}, "size")])
+@pytest.mark.parametrize(
+    "kwargs, message", [({"split": "valid"}, "split"), ({"size": 4}, "size"), ({"size": 8.5}, "size")]
+)
 def test_digits_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DigitsDataset(**kwargs)
@@ -107,11 +108,18 @@ def test_make_loader_seeds_workers_distinctly():
     assert seeds[0] != seeds[1]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0}, "batch_size"), ({"batch_size": 2.5}, "batch_size"), ({"num_workers": -1}, "num_workers"),
-    ({"persistent_workers": True}, "persistent_workers"), ({"prefetch_factor": 2}, "prefetch_factor"),
-    ({"seed": -3}, "seed"), ({"timeout": -1}, "timeout"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 2.5}, "batch_size"),
+        ({"num_workers": -1}, "num_workers"),
+        ({"persistent_workers": True}, "persistent_workers"),
+        ({"prefetch_factor": 2}, "prefetch_factor"),
+        ({"seed": -3}, "seed"),
+        ({"timeout": -1}, "timeout"),
+    ],
+)
 def test_make_loader_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_loader(TensorDataset(torch.zeros(4)), **kwargs)

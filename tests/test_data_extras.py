@@ -50,9 +50,16 @@ def test_variable_length_sequences_are_fixed_by_seed_and_in_range():
     assert label == int(len(sequence) > 6)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"size": 0}, "size"), ({"min_length": 0}, "min_length"), ({"min_length": 5, "max_length": 4}, "max_length"),
-    ({"vocab_size": 1}, "vocab_size"), ({"seed": -1}, "seed")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"size": 0}, "size"),
+        ({"min_length": 0}, "min_length"),
+        ({"min_length": 5, "max_length": 4}, "max_length"),
+        ({"vocab_size": 1}, "vocab_size"),
+        ({"seed": -1}, "seed"),
+    ],
+)
 def test_variable_length_sequences_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         VariableLengthSequences(**kwargs)
@@ -109,9 +116,14 @@ def test_random_shift_dataset_in_the_main_process(rng):
     assert batch["image"].shape == (5, 1, 6, 6) and batch["shift"].shape == (5, 2)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"rng": "cuda"}, ValueError, "rng"), ({"max_shift": -1}, ValueError, "max_shift"),
-    ({"seed": 1.5}, ValueError, "seed")])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"rng": "cuda"}, ValueError, "rng"),
+        ({"max_shift": -1}, ValueError, "max_shift"),
+        ({"seed": 1.5}, ValueError, "seed"),
+    ],
+)
 def test_random_shift_dataset_bad_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         RandomShiftDataset(TensorDataset(torch.zeros(2, 1, 4, 4), torch.zeros(2)), **kwargs)
@@ -119,8 +131,9 @@ def test_random_shift_dataset_bad_arguments(kwargs, error, message):
 
 def _shifts_by_worker(rng: str, seed: int, worker_init_fn=None) -> dict[int, list]:
     data = RandomShiftDataset(DigitsDataset("test"), max_shift=3, rng=rng)
-    loader = DataLoader(data, batch_size=4, num_workers=2, worker_init_fn=worker_init_fn,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        data, batch_size=4, num_workers=2, worker_init_fn=worker_init_fn, generator=torch.Generator().manual_seed(seed)
+    )
     draws: dict[int, list] = {0: [], 1: []}
     with _iterate(loader) as batches:
         for index, batch in enumerate(batches):
@@ -152,8 +165,9 @@ def test_a_generator_made_in_init_repeats_in_every_worker_unless_reseeded():
 def test_reseed_dataset_generator_needs_a_worker_and_a_generator():
     with pytest.raises(RuntimeError, match="worker_init_fn"):
         reseed_dataset_generator(0)
-    loader = DataLoader(TensorDataset(torch.zeros(4)), batch_size=2, num_workers=1,
-                        worker_init_fn=reseed_dataset_generator)
+    loader = DataLoader(
+        TensorDataset(torch.zeros(4)), batch_size=2, num_workers=1, worker_init_fn=reseed_dataset_generator
+    )
     with _iterate(loader) as batches, pytest.raises(Exception, match="generator"):
         list(batches)
 
@@ -164,8 +178,9 @@ def test_slow_dataset_delays_and_a_loader_timeout_catches_it():
     assert int(data[2][0]) == 2
     assert time.perf_counter() - start >= 0.05
     assert len(data) == 4
-    stuck = DataLoader(SlowDataset(TensorDataset(torch.arange(2)), delay_s=1.0), batch_size=1, num_workers=1,
-                       timeout=0.2)
+    stuck = DataLoader(
+        SlowDataset(TensorDataset(torch.arange(2)), delay_s=1.0), batch_size=1, num_workers=1, timeout=0.2
+    )
     with _iterate(stuck) as batches, pytest.raises(RuntimeError, match="timed out"):
         list(batches)
 

@@ -45,8 +45,12 @@ def test_pick_device_rejects_non_strings():
 def test_seed_everything_repeats_every_generator():
     def draw():
         generator = seed_everything(123)
-        return (random.random(), np.random.rand(), torch.rand(1).item(),
-                torch.randperm(10, generator=generator).tolist())
+        return (
+            random.random(),
+            np.random.rand(),
+            torch.rand(1).item(),
+            torch.randperm(10, generator=generator).tolist(),
+        )
 
     assert draw() == draw()
     first = draw()

@@ -1,4 +1,5 @@
 """helpers.distributed (process-group helpers, samplers) and helpers.processes (launch: results, failures, timeouts)."""
+
 import os
 import socket
 import sys
@@ -38,6 +39,7 @@ def _pids(folder) -> list[int]:
 
 # ---------------------------------------------------------------- small helpers, no processes
 
+
 def test_find_free_port_can_be_bound():
     port = find_free_port()
     assert 1024 <= port < 65536
@@ -62,12 +64,15 @@ def test_rank0_helpers_without_a_process_group(capsys):
     assert all_reduce_metrics({"correct": 3, "samples": 4.0}) == {"correct": 3.0, "samples": 4.0}
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"rank": 2, "world_size": 2}, r"rank must be in \[0, 2\), got 2"),
-    ({"rank": 0, "world_size": 0}, "world_size must be a positive int"),
-    ({"rank": 0, "world_size": 1, "backend": "udp"}, "backend must be one of"),
-    ({"rank": 0, "world_size": 1, "timeout_s": 0}, "timeout_s must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"rank": 2, "world_size": 2}, r"rank must be in \[0, 2\), got 2"),
+        ({"rank": 0, "world_size": 0}, "world_size must be a positive int"),
+        ({"rank": 0, "world_size": 1, "backend": "udp"}, "backend must be one of"),
+        ({"rank": 0, "world_size": 1, "timeout_s": 0}, "timeout_s must be a positive number"),
+    ],
+)
 def test_setup_process_group_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         setup_process_group(**kwargs)
@@ -83,8 +88,9 @@ def test_setup_and_teardown_a_world_of_one():
     assert is_rank0()
 
 
-@pytest.mark.parametrize("world_size, batch_size, drop_last",
-                         [(2, 5, False), (3, 4, False), (3, 4, True), (1, 7, False)])
+@pytest.mark.parametrize(
+    "world_size, batch_size, drop_last", [(2, 5, False), (3, 4, False), (3, 4, True), (1, 7, False)]
+)
 def test_global_batch_sampler_joins_the_ranks_batches(world_size, batch_size, drop_last):
     size = 23
     sampler = GlobalBatchSampler(size, world_size, batch_size, seed=4, drop_last=drop_last)
@@ -97,7 +103,7 @@ def test_global_batch_sampler_joins_the_ranks_batches(world_size, batch_size, dr
             ddp = DistributedSampler(range(size), num_replicas=world_size, rank=rank, seed=4, drop_last=drop_last)
             ddp.set_epoch(epoch)
             indices = list(ddp)
-            per_rank.append([indices[i:i + batch_size] for i in range(0, len(indices), batch_size)])
+            per_rank.append([indices[i : i + batch_size] for i in range(0, len(indices), batch_size)])
         expected = [[index for batch in step for index in batch] for step in zip(*per_rank, strict=True)]
         assert batches == expected
     sampler.set_epoch(0)
@@ -117,15 +123,18 @@ def _local_function(rank, world_size):
     return rank
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"worker": lambda rank, world_size: rank}, TypeError, "top-level function of an importable module"),
-    ({"worker": "describe_rank"}, TypeError, "worker must be a function"),
-    ({"nprocs": 0}, ValueError, "nprocs must be a positive int, got 0"),
-    ({"backend": "udp"}, ValueError, "backend must be one of"),
-    ({"init_method": "udp"}, ValueError, "init_method must be one of"),
-    ({"timeout_s": -1}, ValueError, "timeout_s must be a positive number"),
-    ({"threads_per_process": 0}, ValueError, "threads_per_process must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"worker": lambda rank, world_size: rank}, TypeError, "top-level function of an importable module"),
+        ({"worker": "describe_rank"}, TypeError, "worker must be a function"),
+        ({"nprocs": 0}, ValueError, "nprocs must be a positive int, got 0"),
+        ({"backend": "udp"}, ValueError, "backend must be one of"),
+        ({"init_method": "udp"}, ValueError, "init_method must be one of"),
+        ({"timeout_s": -1}, ValueError, "timeout_s must be a positive number"),
+        ({"threads_per_process": 0}, ValueError, "threads_per_process must be a positive int"),
+    ],
+)
 def test_launch_rejects_bad_arguments_before_starting_anything(kwargs, error, match):
     arguments = {"worker": workers.describe_rank, "nprocs": 2, **kwargs}
     with pytest.raises(error, match=match):
@@ -156,6 +165,7 @@ def test_torchrun_command_and_its_checks():
 
 
 # ---------------------------------------------------------------- real launches (2 gloo processes)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("init_method", ["env", "file"])  # tcp: test_setup_and_teardown_a_world_of_one
@@ -200,7 +210,7 @@ def test_hand_averaging_ddp_and_one_process_agree_and_no_sync_does_not_communica
     seed, batch = 2**32 - 1, 6  # the largest seed a notebook accepts
     results = launch(workers.gradients_worker, 2, args=(seed, batch), timeout_s=120)
     inputs, targets = workers.gradient_batch(seed, 4 * batch)
-    first_half = _full_batch_gradient(seed, inputs[:2 * batch], targets[:2 * batch])
+    first_half = _full_batch_gradient(seed, inputs[: 2 * batch], targets[: 2 * batch])
     everything = _full_batch_gradient(seed, inputs, targets)
     assert not torch.allclose(results[0]["local"], results[1]["local"])
     assert not torch.allclose(results[0]["under_no_sync"], results[1]["under_no_sync"])
@@ -255,6 +265,7 @@ def test_run_torchrun_stops_a_run_that_takes_too_long():
 
 
 # ---------------------------------------------------------------- the lesson's helpers, in this process
+
 
 def test_gradient_batch_checks_its_input_and_flat_gradient_covers_every_parameter():
     inputs, targets = workers.gradient_batch(1, 10)

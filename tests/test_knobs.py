@@ -27,20 +27,23 @@ def test_values_beyond_the_slider_are_accepted(change):
     assert knobs.check_values(SPEC, {**GOOD, **change}) == {**GOOD, **change}
 
 
-@pytest.mark.parametrize("change, error, message", [
-    ({"LR": 0.0}, ValueError, "LR must be a positive number, got 0.0"),
-    ({"LR": -1e-3}, ValueError, "LR must be a positive number"),
-    ({"EPOCHS": 0}, ValueError, "EPOCHS must be an int >= 1, got 0"),
-    ({"EPOCHS": 2.5}, ValueError, "EPOCHS must be an int >= 1, got 2.5"),
-    ({"EPOCHS": float("inf")}, ValueError, "EPOCHS must be an int"),
-    ({"EPOCHS": "3"}, TypeError, "EPOCHS must be an int >= 1, got str '3'"),
-    ({"AMP": "fp8"}, ValueError, r"AMP must be one of \[None, 'bf16'\]"),
-    ({"PROGRESS": 1}, TypeError, "PROGRESS must be True or False"),
-    ({"DROPOUT": float("nan")}, ValueError, "DROPOUT"),
-    ({"DROPOUT": 1.0}, ValueError, r"DROPOUT must be a number in \[0.0, 0.99\], got 1.0"),
-    ({"SEED": -1}, ValueError, r"SEED must be an int in \[0, 4294967295\], got -1"),
-    ({"SEED": 2**32}, ValueError, "SEED must be an int in"),
-])
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        ({"LR": 0.0}, ValueError, "LR must be a positive number, got 0.0"),
+        ({"LR": -1e-3}, ValueError, "LR must be a positive number"),
+        ({"EPOCHS": 0}, ValueError, "EPOCHS must be an int >= 1, got 0"),
+        ({"EPOCHS": 2.5}, ValueError, "EPOCHS must be an int >= 1, got 2.5"),
+        ({"EPOCHS": float("inf")}, ValueError, "EPOCHS must be an int"),
+        ({"EPOCHS": "3"}, TypeError, "EPOCHS must be an int >= 1, got str '3'"),
+        ({"AMP": "fp8"}, ValueError, r"AMP must be one of \[None, 'bf16'\]"),
+        ({"PROGRESS": 1}, TypeError, "PROGRESS must be True or False"),
+        ({"DROPOUT": float("nan")}, ValueError, "DROPOUT"),
+        ({"DROPOUT": 1.0}, ValueError, r"DROPOUT must be a number in \[0.0, 0.99\], got 1.0"),
+        ({"SEED": -1}, ValueError, r"SEED must be an int in \[0, 4294967295\], got -1"),
+        ({"SEED": 2**32}, ValueError, "SEED must be an int in"),
+    ],
+)
 def test_check_values_names_the_bad_parameter(change, error, message):
     with pytest.raises(error, match=message):
         knobs.check_values(SPEC, {**GOOD, **change})
@@ -51,9 +54,15 @@ def test_check_values_wants_every_knob():
         knobs.check_values(SPEC, {k: v for k, v in GOOD.items() if k != "PROGRESS"})
 
 
-@pytest.mark.parametrize("factory, message", [
-    (lambda: knobs.int_range(5, 5), "low < high"), (lambda: knobs.log_float(0.0, 1.0), "low > 0"),
-    (lambda: knobs.choice([]), "option"), (lambda: knobs.Knob("slider"), "kind")])
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: knobs.int_range(5, 5), "low < high"),
+        (lambda: knobs.log_float(0.0, 1.0), "low > 0"),
+        (lambda: knobs.choice([]), "option"),
+        (lambda: knobs.Knob("slider"), "kind"),
+    ],
+)
 def test_bad_knobs(factory, message):
     with pytest.raises(ValueError, match=message):
         factory()

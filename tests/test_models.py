@@ -40,11 +40,18 @@ def test_deep_linear_stack_is_sequential_of_linear_relu():
     assert count_parameters(stack, trainable_only=True) == 3 * (16 * 16 + 16) - 256
 
 
-@pytest.mark.parametrize("factory, message", [
-    (lambda: MLP(0), "in_features"), (lambda: MLP(hidden=(4, -1)), "hidden"), (lambda: MLP(dropout=1.0), "dropout"),
-    (lambda: SmallCNN(num_classes=0), "num_classes"), (lambda: SmallCNN(dropout=-0.1), "dropout"),
-    (lambda: deep_linear_stack(0, 2), "width"), (lambda: deep_linear_stack(4, 0), "depth"),
-])
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: MLP(0), "in_features"),
+        (lambda: MLP(hidden=(4, -1)), "hidden"),
+        (lambda: MLP(dropout=1.0), "dropout"),
+        (lambda: SmallCNN(num_classes=0), "num_classes"),
+        (lambda: SmallCNN(dropout=-0.1), "dropout"),
+        (lambda: deep_linear_stack(0, 2), "width"),
+        (lambda: deep_linear_stack(4, 0), "depth"),
+    ],
+)
 def test_models_reject_bad_sizes(factory, message):
     with pytest.raises(ValueError, match=message):
         factory()
@@ -118,8 +125,11 @@ def test_a_frozen_layer_stays_put_while_the_rest_trains():
 def test_parameter_groups_give_each_prefix_its_learning_rate():
     model = MLP(in_features=4, hidden=(8, 6), num_classes=3, batch_norm=True)
     groups = parameter_groups(model, {"1": 0.001, "7": 0.1})
-    assert [g["param_names"] for g in groups] == [["1.weight", "1.bias"], ["7.weight", "7.bias"],
-                                                  ["2.weight", "2.bias", "4.weight", "4.bias", "5.weight", "5.bias"]]
+    assert [g["param_names"] for g in groups] == [
+        ["1.weight", "1.bias"],
+        ["7.weight", "7.bias"],
+        ["2.weight", "2.bias", "4.weight", "4.bias", "5.weight", "5.bias"],
+    ]
     optimizer = make_optimizer("sgd", groups, lr=0.01)
     assert group_lrs(optimizer) == [0.001, 0.1, 0.01]
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
@@ -141,9 +151,16 @@ def test_parameter_groups_leave_out_frozen_parameters_and_may_have_no_rest():
     assert len(parameter_groups(model, {"3": 0.2}, trainable_only=False)) == 2
 
 
-@pytest.mark.parametrize("lrs, message", [
-    ({}, "at least one"), ({"head": 0.1}, "matches no"), ({"1": 0.1, "1.weight": 0.2}, "already in another"),
-    ({"1": 0}, "positive number"), ({"1": "fast"}, "positive number")])
+@pytest.mark.parametrize(
+    "lrs, message",
+    [
+        ({}, "at least one"),
+        ({"head": 0.1}, "matches no"),
+        ({"1": 0.1, "1.weight": 0.2}, "already in another"),
+        ({"1": 0}, "positive number"),
+        ({"1": "fast"}, "positive number"),
+    ],
+)
 def test_parameter_groups_bad_arguments(lrs, message):
     with pytest.raises(ValueError, match=message):
         parameter_groups(MLP(in_features=4, hidden=(3,), num_classes=2), lrs)

@@ -1,4 +1,5 @@
 """The mixed-precision claims of notebook 04, pinned down on small inputs (float16 autocast works on the CPU)."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,8 +35,9 @@ def test_helpers_loop_fp16_epoch_equals_the_hand_written_amp_step():
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
     with_helper, optimizer, loader = fresh()
-    train_epoch(with_helper, loader, optimizer, F.cross_entropy, device="cpu", amp="fp16", max_grad_norm=1.0,
-                progress=False)
+    train_epoch(
+        with_helper, loader, optimizer, F.cross_entropy, device="cpu", amp="fp16", max_grad_norm=1.0, progress=False
+    )
     assert all(torch.equal(p, q) for p, q in zip(by_hand.parameters(), with_helper.parameters()))
 
 
@@ -52,7 +54,7 @@ def test_grad_scaler_on_cpu_skips_an_inf_step_and_halves_the_scale():
     scaler.step(optimizer)
     scaler.update()
     assert all(torch.equal(b, p) for b, p in zip(before, net.parameters()))
-    assert scaler.get_scale() == 2.0 ** 15
+    assert scaler.get_scale() == 2.0**15
 
 
 def test_float16_underflow_and_loss_scaling():
@@ -69,7 +71,7 @@ def test_float16_underflow_and_loss_scaling():
 
     reference = gradient(1.0, amp=False)
     assert not gradient(1.0, amp=True).any()
-    assert ((gradient(2.0 ** 16, amp=True) - reference).norm() / reference.norm()) < 1e-2
+    assert ((gradient(2.0**16, amp=True) - reference).norm() / reference.norm()) < 1e-2
 
 
 def test_fp16_accumulation_with_one_scaler_matches_the_fp32_batch_gradient():

@@ -1,10 +1,11 @@
 """The project's own files: dependencies in step, notebooks stored clean and well formed."""
+
 import re
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +22,9 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     conda_pins = {_name(r) for r in pip_section if not r.startswith("-e")}
-    assert conda_pins == declared, f"only in pyproject: {declared - conda_pins}; only in environment.yml: {conda_pins - declared}"
+    assert conda_pins == declared, (
+        f"only in pyproject: {declared - conda_pins}; only in environment.yml: {conda_pins - declared}"
+    )
     ranges = {_name(r): r.replace(" ", "") for r in project["dependencies"] + project["optional-dependencies"]["test"]}
     assert all(ranges[_name(r)] == r.replace(" ", "") for r in pip_section if not r.startswith("-e"))
     assert any("python=3.11" in str(d) for d in env["dependencies"])
@@ -47,10 +50,12 @@ def test_notebook_follows_the_house_layout(path):
     first = code[0]
     assert "parameters" in first.metadata.get("tags", []), f"{path.name}: first code cell must be tagged 'parameters'"
     assignments = [line for line in first.source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    assert all(re.match(r"^[A-Z][A-Z0-9_]* = ", line) for line in assignments), \
+    assert all(re.match(r"^[A-Z][A-Z0-9_]* = ", line) for line in assignments), (
         f"{path.name}: the parameters cell holds only CAPITALISED assignments"
-    assert any("nbval-ignore-output" in c.metadata.get("tags", []) and "knob_panel" in c.source for c in code), \
+    )
+    assert any("nbval-ignore-output" in c.metadata.get("tags", []) and "knob_panel" in c.source for c in code), (
         f"{path.name}: needs a knobs cell (knob_panel) tagged nbval-ignore-output"
+    )
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
 
 
@@ -68,6 +73,9 @@ def test_every_marker_the_tests_use_is_declared():
     assert {"slow", "browser"} <= declared
     assert "--strict-markers" in options["addopts"].split(), "an undeclared (misspelt) marker must be an error"
     builtin = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings", "timeout"}
-    used = {name for path in (ROOT / "tests").glob("*.py")
-            for name in re.findall(r"pytest\.mark\.([A-Za-z_]\w*)", path.read_text())}
+    used = {
+        name
+        for path in (ROOT / "tests").glob("*.py")
+        for name in re.findall(r"pytest\.mark\.([A-Za-z_]\w*)", path.read_text())
+    }
     assert used - builtin <= declared, f"undeclared markers: {sorted(used - builtin - declared)}"

@@ -12,7 +12,7 @@ def test_time_call_warms_up_then_times():
 def test_time_interleaved_alternates_and_reverses_every_other_round():
     order = []
     result = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=3, warmup=1)
-    assert order == ["a", "b"] + ["a", "b", "b", "a", "a", "b"]  # warm-up, then rounds A B, B A, A B
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up A B, then rounds A B, B A, A B
     assert set(result) == {"a", "b"} and all(len(v) == 3 for v in result.values())
 
 
@@ -62,7 +62,10 @@ def test_ratio_quartiles_keep_the_median_between_them_also_when_printed():
 
 
 def test_format_table_aligns_columns_and_formats_numbers():
-    rows = [{"case": "MLP", "ratio": 0.99512, "n": 3, "tiny": 1e-7}, {"case": "CNN, bar", "ratio": 1.5, "n": None, "tiny": 0.0}]
+    rows = [
+        {"case": "MLP", "ratio": 0.99512, "n": 3, "tiny": 1e-7},
+        {"case": "CNN, bar", "ratio": 1.5, "n": None, "tiny": 0.0},
+    ]
     text = format_table(rows, ["case", "ratio", "n", "tiny"], title="t")
     lines = text.splitlines()
     assert lines[0] == "t"
@@ -77,11 +80,14 @@ def test_format_table_applies_column_formats():
     assert text.splitlines()[-1].strip() == "1.2"
 
 
-@pytest.mark.parametrize("rows, columns, formats, message", [
-    ([{"a": 1}], [], None, "columns"),
-    ([{"a": 1}], ["a"], {"b": "{}"}, "formats"),
-    ([{"a": 1}], ["a", "b"], None, "lacks the columns"),
-])
+@pytest.mark.parametrize(
+    "rows, columns, formats, message",
+    [
+        ([{"a": 1}], [], None, "columns"),
+        ([{"a": 1}], ["a"], {"b": "{}"}, "formats"),
+        ([{"a": 1}], ["a", "b"], None, "lacks the columns"),
+    ],
+)
 def test_format_table_bad_inputs(rows, columns, formats, message):
     with pytest.raises(ValueError, match=message):
         format_table(rows, columns, formats=formats)

@@ -1,4 +1,5 @@
 """helpers.cli.train_ddp under `torchrun --standalone --nproc_per_node=2`: rank-0 logs, plain checkpoint, twin."""
+
 import json
 import os
 import subprocess
@@ -30,10 +31,17 @@ def _one_process_twin(config: TrainConfig, world_size: int) -> tuple[list[float]
     accuracies = []
     for epoch in range(config.epochs):
         batches.set_epoch(epoch)
-        train_epoch(model, DataLoader(train_set, batch_sampler=batches), optimizer, nn.CrossEntropyLoss(),
-                    device="cpu", progress=False)
-        accuracies.append(evaluate(model, DataLoader(test_set, batch_size=256), nn.CrossEntropyLoss(),
-                                   device="cpu")["accuracy"])
+        train_epoch(
+            model,
+            DataLoader(train_set, batch_sampler=batches),
+            optimizer,
+            nn.CrossEntropyLoss(),
+            device="cpu",
+            progress=False,
+        )
+        accuracies.append(
+            evaluate(model, DataLoader(test_set, batch_size=256), nn.CrossEntropyLoss(), device="cpu")["accuracy"]
+        )
     return accuracies, model
 
 
@@ -49,9 +57,25 @@ def test_torchrun_two_ranks_trains_logs_once_and_saves_a_plain_checkpoint(tmp_pa
     epochs, batch, seed = 2, 16, 3
     env = dict(os.environ, OMP_NUM_THREADS="1")
     completed = subprocess.run(
-        _torchrun("--epochs", str(epochs), "--batch-size", str(batch), "--seed", str(seed), "--lr", "0.05",
-                  "--out", str(tmp_path), "--no-progress"),
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        _torchrun(
+            "--epochs",
+            str(epochs),
+            "--batch-size",
+            str(batch),
+            "--seed",
+            str(seed),
+            "--lr",
+            "0.05",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-3000:]
     lines = completed.stdout.splitlines()
@@ -74,8 +98,7 @@ def test_torchrun_two_ranks_trains_logs_once_and_saves_a_plain_checkpoint(tmp_pa
     twin_accuracies, twin = _one_process_twin(TrainConfig(epochs=epochs, batch_size=batch, seed=seed, lr=0.05), 2)
     for name, value in twin.state_dict().items():
         torch.testing.assert_close(checkpoint["model"][name], value, rtol=1e-4, atol=1e-5)
-    assert twin_accuracies == pytest.approx(
-        [row["test_accuracy"] for row in record["history"]], abs=2 / 450)
+    assert twin_accuracies == pytest.approx([row["test_accuracy"] for row in record["history"]], abs=2 / 450)
 
 
 def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
@@ -92,13 +115,16 @@ def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
     assert any(not torch.equal(state[name], value) for name, value in start.items())  # it trained
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--epochs", "0"], "epochs must be an int >= 1"),
-    (["--batch-size", "-2"], "batch_size must be an int >= 1"),
-    (["--lr", "0"], "lr must be a positive number"),
-    (["--momentum", "1.5"], "momentum must be in"),
-    (["--backend", "udp"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--epochs", "0"], "epochs must be an int >= 1"),
+        (["--batch-size", "-2"], "batch_size must be an int >= 1"),
+        (["--lr", "0"], "lr must be a positive number"),
+        (["--momentum", "1.5"], "momentum must be in"),
+        (["--backend", "udp"], "invalid choice"),
+    ],
+)
 def test_bad_arguments_are_refused_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as caught:
         parse_args(argv)

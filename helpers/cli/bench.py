@@ -6,9 +6,11 @@ first asks glibc to keep freed memory (`devices.keep_freed_memory`): without tha
 and page-faults its large buffers afresh, which adds about 10% of jitter per epoch on a small machine
 (`--default-malloc` leaves the allocator alone, to see the difference).
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -16,26 +18,26 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
-from helpers.devices import cpu_name, keep_freed_memory, seed_everything
-from helpers.devices import num_threads
+from helpers.devices import cpu_name, keep_freed_memory, num_threads, seed_everything
 from helpers.loop import autocast_context, train_epoch
 from helpers.memory import format_bytes, peak_memory, saved_tensors_meter
 from helpers.models import MLP, SmallCNN, deep_linear_stack
-from helpers.timing import format_table
-from helpers.timing import median, median_ratio, ratio_quartiles, time_interleaved
+from helpers.timing import format_table, median, median_ratio, ratio_quartiles, time_interleaved
 
 LOSS = nn.CrossEntropyLoss()
 PROJECT = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------- ratios and the machine (unit-tested)
+
 
 def throughput_ratio(helper_seconds: Sequence[float], hand_seconds: Sequence[float]) -> float:
     """Helper throughput / hand-written throughput, as the median of the per-repetition ratios.
@@ -47,8 +49,14 @@ def throughput_ratio(helper_seconds: Sequence[float], hand_seconds: Sequence[flo
 
 def machine_info(device: torch.device) -> dict:
     """What the figures were measured on."""
-    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "device": str(device), "python": platform.python_version()}
+    info = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "python": platform.python_version(),
+    }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -58,11 +66,14 @@ def machine_line(info: dict) -> str:
     """One line naming the machine, printed at the top of every section."""
     gpu = f", GPU {info['gpu']}" if "gpu" in info else ""
     malloc = f", malloc {info['malloc']}" if "malloc" in info else ""
-    return (f"[{info['cpu']}, {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}, "
-            f"device {info['device']}{gpu}{malloc}]")
+    return (
+        f"[{info['cpu']}, {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}, "
+        f"device {info['device']}{gpu}{malloc}]"
+    )
 
 
 # ---------------------------------------------------------------- section 1: loop overhead
+
 
 def _hand_loop(model, loader, optimizer, device, *, accumulation_steps=1, amp=None, bar=False):
     """The plain loop, written as a learner writes it: the reference the helpers must keep up with."""
@@ -81,8 +92,7 @@ def _hand_loop(model, loader, optimizer, device, *, accumulation_steps=1, amp=No
             optimizer.zero_grad(set_to_none=True)
 
 
-def repeats_for(seconds_per_call: float, *, budget_s: float, calls_per_round: int, least: int,
-                most: int) -> int:
+def repeats_for(seconds_per_call: float, *, budget_s: float, calls_per_round: int, least: int, most: int) -> int:
     """How many timed rounds fit in `budget_s`, kept within [least, most]."""
     if seconds_per_call <= 0:
         return most
@@ -91,12 +101,13 @@ def repeats_for(seconds_per_call: float, *, budget_s: float, calls_per_round: in
 
 class LoopCase(NamedTuple):
     """One row of section 1: what is trained, how long an epoch is, and how long the case is timed."""
+
     name: str
     model: Callable[[], nn.Module]
     image_size: int
     batch_size: int
     options: dict
-    samples: int | None     # training samples per epoch: the first ones of the digits' training split (None: all)
+    samples: int | None  # training samples per epoch: the first ones of the digits' training split (None: all)
     seconds: tuple[float, float]  # timed seconds in a --quick run and in a full run
 
 
@@ -114,8 +125,16 @@ LOOP_CASES = [
 ]
 
 
-def loop_overhead(device: torch.device, *, quick: bool = False, budget_s: float | None = None,
-                  samples: int | None = None, least: int = 10, most: int = 1000, warmup: int = 3) -> list[dict]:
+def loop_overhead(
+    device: torch.device,
+    *,
+    quick: bool = False,
+    budget_s: float | None = None,
+    samples: int | None = None,
+    least: int = 10,
+    most: int = 1000,
+    warmup: int = 3,
+) -> list[dict]:
     """train_epoch against the hand-written loop, same model, data and seed, interleaved.
 
     Each case is timed for its own seconds (LoopCase.seconds; `budget_s` sets one for all), in at least
@@ -125,10 +144,9 @@ def loop_overhead(device: torch.device, *, quick: bool = False, budget_s: float 
 
     rows = []
     for case in LOOP_CASES:
-        dataset = DigitsDataset("train", size=case.image_size)
+        digits = DigitsDataset("train", size=case.image_size)
         limit = case.samples if samples is None else samples
-        if limit is not None:
-            dataset = Subset(dataset, range(min(limit, len(dataset))))
+        dataset = digits if limit is None else Subset(digits, range(min(limit, len(digits))))
         budget = case.seconds[0 if quick else 1] if budget_s is None else budget_s
         runs = {}
         for who in ("helpers", "hand-written"):
@@ -137,28 +155,44 @@ def loop_overhead(device: torch.device, *, quick: bool = False, budget_s: float 
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             loader = make_loader(dataset, batch_size=case.batch_size, shuffle=True, seed=0)
             if who == "helpers":
-                runs[who] = (lambda m=model, o=optimizer, l=loader: train_epoch(
-                    m, l, o, LOSS, device=device, accumulation_steps=case.options.get("accumulation_steps", 1),
-                    amp=case.options.get("amp"), progress=case.options.get("bar", False)))
+                runs[who] = functools.partial(
+                    train_epoch,
+                    model,
+                    loader,
+                    optimizer,
+                    LOSS,
+                    device=device,
+                    accumulation_steps=case.options.get("accumulation_steps", 1),
+                    amp=case.options.get("amp"),
+                    progress=case.options.get("bar", False),
+                )
             else:
-                runs[who] = (lambda m=model, o=optimizer, l=loader: _hand_loop(m, l, o, device, **case.options))
+                runs[who] = functools.partial(_hand_loop, model, loader, optimizer, device, **case.options)
         probe = time_interleaved(runs, repeat=1, warmup=warmup, device=device)
-        repeat = repeats_for(max(max(v) for v in probe.values()), budget_s=budget,
-                             calls_per_round=len(runs), least=least, most=most)
+        repeat = repeats_for(
+            max(max(v) for v in probe.values()), budget_s=budget, calls_per_round=len(runs), least=least, most=most
+        )
         seconds = time_interleaved(runs, repeat=repeat, warmup=0, device=device)
-        rows.append({"case": case.name, "samples/epoch": len(dataset), "epochs": repeat,
-                     "hand samples/s": len(dataset) / median(seconds["hand-written"]),
-                     "helpers samples/s": len(dataset) / median(seconds["helpers"]),
-                     "ratio": throughput_ratio(seconds["helpers"], seconds["hand-written"]),
-                     "middle half": "{:.3f}-{:.3f}".format(*ratio_quartiles(seconds["hand-written"],
-                                                                           seconds["helpers"]))})
+        rows.append(
+            {
+                "case": case.name,
+                "samples/epoch": len(dataset),
+                "epochs": repeat,
+                "hand samples/s": len(dataset) / median(seconds["hand-written"]),
+                "helpers samples/s": len(dataset) / median(seconds["helpers"]),
+                "ratio": throughput_ratio(seconds["helpers"], seconds["hand-written"]),
+                "middle half": "{:.3f}-{:.3f}".format(*ratio_quartiles(seconds["hand-written"], seconds["helpers"])),
+            }
+        )
     return rows
 
 
 # ---------------------------------------------------------------- section 2: DataLoader
 
-def dataloader_throughput(device: torch.device, *, workers: Iterable[int], batch_sizes: Iterable[int],
-                          epochs: int = 2) -> list[dict]:
+
+def dataloader_throughput(
+    device: torch.device, *, workers: Iterable[int], batch_sizes: Iterable[int], epochs: int = 2
+) -> list[dict]:
     """Samples/s reading the PNG digits from disk, and the start-up of each epoch, over loader settings."""
     import time
 
@@ -169,9 +203,16 @@ def dataloader_throughput(device: torch.device, *, workers: Iterable[int], batch
     for batch_size in batch_sizes:
         for num_workers in workers:
             for pin in pin_options:
-                for persistent in ((False, True) if num_workers > 0 else (False,)):
-                    loader = make_loader(dataset, batch_size=batch_size, shuffle=True, seed=0,
-                                         num_workers=num_workers, pin_memory=pin, persistent_workers=persistent)
+                for persistent in (False, True) if num_workers > 0 else (False,):
+                    loader = make_loader(
+                        dataset,
+                        batch_size=batch_size,
+                        shuffle=True,
+                        seed=0,
+                        num_workers=num_workers,
+                        pin_memory=pin,
+                        persistent_workers=persistent,
+                    )
                     first_batch, total = [], []
                     for _ in range(epochs):
                         start = time.perf_counter()
@@ -181,16 +222,25 @@ def dataloader_throughput(device: torch.device, *, workers: Iterable[int], batch
                                 first_batch.append(time.perf_counter() - start)
                         total.append(time.perf_counter() - start)
                     del loader
-                    rows.append({"batch": batch_size, "workers": num_workers, "pin_memory": pin,
-                                 "persistent": persistent, "samples/s": len(dataset) / median(total),
-                                 "last epoch start (ms)": 1e3 * first_batch[-1]})
+                    rows.append(
+                        {
+                            "batch": batch_size,
+                            "workers": num_workers,
+                            "pin_memory": pin,
+                            "persistent": persistent,
+                            "samples/s": len(dataset) / median(total),
+                            "last epoch start (ms)": 1e3 * first_batch[-1],
+                        }
+                    )
     return rows
 
 
 # ---------------------------------------------------------------- section 3: activation checkpointing
 
-def activation_checkpointing(device: torch.device, *, width: int, depth: int, batch: int,
-                             segments: Iterable[int], repeat: int) -> list[dict]:
+
+def activation_checkpointing(
+    device: torch.device, *, width: int, depth: int, batch: int, segments: Iterable[int], repeat: int
+) -> list[dict]:
     """Saved-activation bytes and step time of a deep Linear stack against checkpoint segment count."""
     from torch.utils.checkpoint import checkpoint_sequential
 
@@ -212,8 +262,12 @@ def activation_checkpointing(device: torch.device, *, width: int, depth: int, ba
             forward_bytes = meter.bytes
             output.sum().backward()
         model.zero_grad(set_to_none=True)
-        row = {"segments": count, "saved after forward": forward_bytes, "peak saved in step": meter.peak_bytes,
-               "step ms": 1e3 * median(seconds[count])}
+        row = {
+            "segments": count,
+            "saved after forward": forward_bytes,
+            "peak saved in step": meter.peak_bytes,
+            "step ms": 1e3 * median(seconds[count]),
+        }
         if device.type == "cuda":
             with peak_memory(device) as peak:
                 step(count)
@@ -222,11 +276,12 @@ def activation_checkpointing(device: torch.device, *, width: int, depth: int, ba
     base = rows[0]
     for row in rows:
         row["memory ratio"] = row["saved after forward"] / base["saved after forward"]
-        row["time ratio"] = median_ratio(seconds[row["segments"]], seconds[base["segments"]])
+        row["time ratio"] = median_ratio(seconds[int(row["segments"])], seconds[int(base["segments"])])
     return rows
 
 
 # ---------------------------------------------------------------- section 4: mixed precision
+
 
 def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[dict]:
     """Step time and saved-activation bytes, fp32 against bf16 (and fp16 with GradScaler on CUDA)."""
@@ -237,15 +292,18 @@ def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[di
     model = SmallCNN(channels=32).to(device)
     inputs = torch.rand(batch, 1, 28, 28, device=device)
     targets = torch.randint(0, 10, (batch,), device=device)
-    seconds = time_training_steps(model, inputs, targets, precisions=precisions, device=device, repeat=repeat,
-                                  warmup=2)
-    rows = []
+    seconds = time_training_steps(model, inputs, targets, precisions=precisions, device=device, repeat=repeat, warmup=2)
+    rows: list[dict[str, Any]] = []
     for name in precisions:
         amp = None if name == "fp32" else name
         with saved_tensors_meter(exclude=model) as meter, autocast_context(device, amp):
             loss = LOSS(model(inputs), targets)
-        row = {"precision": name, "step ms": 1e3 * median(seconds[name]), "saved bytes": meter.bytes,
-               "time ratio": median_ratio(seconds[name], seconds["fp32"])}
+        row = {
+            "precision": name,
+            "step ms": 1e3 * median(seconds[name]),
+            "saved bytes": meter.bytes,
+            "time ratio": median_ratio(seconds[name], seconds["fp32"]),
+        }
         if device.type == "cuda":
             with peak_memory(device) as peak, autocast_context(device, amp):
                 LOSS(model(inputs), targets).backward()
@@ -260,6 +318,7 @@ def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[di
 
 # ---------------------------------------------------------------- section 5: inference
 
+
 def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iterable[int], repeat: int) -> list[dict]:
     """Latency and throughput against batch size and threads: plain, no_grad and inference_mode."""
     import contextlib
@@ -273,28 +332,36 @@ def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iter
             for batch in batch_sizes:
                 inputs = torch.rand(batch, 1, 28, 28, device=device)
 
-                def run(mode, x=inputs):
+                def run(mode: str, x: torch.Tensor = inputs) -> None:
                     with modes[mode]():
                         model(x)
 
-                seconds = time_interleaved({m: (lambda m=m: run(m)) for m in modes}, repeat=repeat, warmup=2,
-                                           device=device)
+                calls = {mode: functools.partial(run, mode) for mode in modes}
+                seconds = time_interleaved(calls, repeat=repeat, warmup=2, device=device)
                 for mode in modes:
                     latency = median(seconds[mode])
-                    rows.append({"threads": torch.get_num_threads(), "batch": batch, "mode": mode,
-                                 "latency ms": 1e3 * latency, "samples/s": batch / latency,
-                                 "speed-up vs plain": median_ratio(seconds["plain"], seconds[mode])})
+                    rows.append(
+                        {
+                            "threads": torch.get_num_threads(),
+                            "batch": batch,
+                            "mode": mode,
+                            "latency ms": 1e3 * latency,
+                            "samples/s": batch / latency,
+                            "speed-up vs plain": median_ratio(seconds["plain"], seconds[mode]),
+                        }
+                    )
     return rows
 
 
 # ---------------------------------------------------------------- section 6: notebook suite
 
+
 def notebook_durations(junit_xml: Path) -> list[dict]:
     """Seconds per notebook (its cells summed) from a pytest JUnit XML report of an nbval run."""
     totals: dict[str, float] = {}
     for case in ElementTree.parse(junit_xml).getroot().iter("testcase"):
-        name = case.get("file") or case.get("classname", "")
-        if ".ipynb" not in name and "ipynb" not in case.get("classname", ""):
+        name = case.get("file") or case.get("classname") or ""
+        if ".ipynb" not in name and "ipynb" not in (case.get("classname") or ""):
             continue
         notebook = Path(name.replace(".", "/")).name if not name.endswith(".ipynb") else Path(name).name
         totals[notebook] = totals.get(notebook, 0.0) + float(case.get("time", 0.0))
@@ -305,8 +372,12 @@ def notebook_suite() -> list[dict]:
     """Run every notebook as the test suite does and report each one's wall time."""
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "notebooks.xml"
-        subprocess.run([sys.executable, "-m", "pytest", "notebooks", "-q", f"--junitxml={report}",
-                        "-o", "junit_family=xunit1"], cwd=PROJECT, check=False, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "notebooks", "-q", f"--junitxml={report}", "-o", "junit_family=xunit1"],
+            cwd=PROJECT,
+            check=False,
+            capture_output=True,
+        )
         rows = notebook_durations(report)
     rows.append({"notebook": "total", "seconds": sum(r["seconds"] for r in rows)})
     return rows
@@ -314,29 +385,45 @@ def notebook_suite() -> list[dict]:
 
 # ---------------------------------------------------------------- the command
 
+
 def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[], list[dict]], list[str]]]:
     repeat = 12 if quick else 40
     sizes = dict(width=256, depth=20, batch=128) if quick else dict(width=1024, depth=20, batch=256)
     return [
-        ("1. Loop overhead (helpers.loop.train_epoch vs the hand-written loop)",
-         lambda: loop_overhead(device, quick=quick),
-         ["case", "samples/epoch", "epochs", "hand samples/s", "helpers samples/s", "ratio", "middle half"]),
-        ("2. DataLoader on PNG files",
-         lambda: dataloader_throughput(device, workers=(0, 2) if quick else (0, 1, 2),
-                                       batch_sizes=(64,) if quick else (32, 128), epochs=2),
-         ["batch", "workers", "pin_memory", "persistent", "samples/s", "last epoch start (ms)"]),
-        ("3. Activation checkpointing (deep Linear stack)",
-         lambda: activation_checkpointing(device, segments=(0, 2, 5, 10), repeat=max(3, repeat // 4), **sizes),
-         ["segments", "saved after forward", "peak saved in step", "memory ratio", "step ms", "time ratio"]
-         + (["CUDA peak"] if device.type == "cuda" else [])),
-        ("4. Mixed precision (SmallCNN, 28x28)",
-         lambda: mixed_precision(device, batch=64 if quick else 256, repeat=max(3, repeat // 2)),
-         ["precision", "step ms", "time ratio", "saved bytes", "memory ratio"]
-         + (["CUDA peak"] if device.type == "cuda" else [])),
-        ("5. Inference (SmallCNN, 28x28)",
-         lambda: inference(device, batch_sizes=(1, 64) if quick else (1, 16, 64, 256),
-                           threads=sorted({1, os.cpu_count() or 1}), repeat=repeat),
-         ["threads", "batch", "mode", "latency ms", "samples/s", "speed-up vs plain"]),
+        (
+            "1. Loop overhead (helpers.loop.train_epoch vs the hand-written loop)",
+            lambda: loop_overhead(device, quick=quick),
+            ["case", "samples/epoch", "epochs", "hand samples/s", "helpers samples/s", "ratio", "middle half"],
+        ),
+        (
+            "2. DataLoader on PNG files",
+            lambda: dataloader_throughput(
+                device, workers=(0, 2) if quick else (0, 1, 2), batch_sizes=(64,) if quick else (32, 128), epochs=2
+            ),
+            ["batch", "workers", "pin_memory", "persistent", "samples/s", "last epoch start (ms)"],
+        ),
+        (
+            "3. Activation checkpointing (deep Linear stack)",
+            lambda: activation_checkpointing(device, segments=(0, 2, 5, 10), repeat=max(3, repeat // 4), **sizes),
+            ["segments", "saved after forward", "peak saved in step", "memory ratio", "step ms", "time ratio"]
+            + (["CUDA peak"] if device.type == "cuda" else []),
+        ),
+        (
+            "4. Mixed precision (SmallCNN, 28x28)",
+            lambda: mixed_precision(device, batch=64 if quick else 256, repeat=max(3, repeat // 2)),
+            ["precision", "step ms", "time ratio", "saved bytes", "memory ratio"]
+            + (["CUDA peak"] if device.type == "cuda" else []),
+        ),
+        (
+            "5. Inference (SmallCNN, 28x28)",
+            lambda: inference(
+                device,
+                batch_sizes=(1, 64) if quick else (1, 16, 64, 256),
+                threads=sorted({1, os.cpu_count() or 1}),
+                repeat=repeat,
+            ),
+            ["threads", "batch", "mode", "latency ms", "samples/s", "speed-up vs plain"],
+        ),
     ]
 
 
@@ -353,8 +440,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a reduced run, under a minute on a 2-core CPU")
     parser.add_argument("--json", default=str(PROJECT / "bench-results.json"), help="where to write the figures")
     parser.add_argument("--skip-notebooks", action="store_true", help="leave out section 6 (the notebook suite)")
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="leave glibc's malloc as it is (by default freed memory is kept: steady CPU timings)")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc's malloc as it is (by default freed memory is kept: steady CPU timings)",
+    )
     args = parser.parse_args(argv)
     kept = False if args.default_malloc else keep_freed_memory()
 
@@ -394,8 +484,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     checkpoint_rows = [row for row in checkpoint_rows if row["device"] == last]
     ten = max(checkpoint_rows, key=lambda row: row["segments"])
     bf16 = next(row for row in precision_rows if row["precision"] == "bf16" and row["device"] == last)
-    print(f"  on {last}: activation checkpointing, {ten['segments']} segments: {ten['memory ratio']:.3f}x the saved bytes, "
-          f"{ten['time ratio']:.3f}x the step time")
+    print(
+        f"  on {last}: activation checkpointing, {ten['segments']} segments: {ten['memory ratio']:.3f}x the saved bytes, "
+        f"{ten['time ratio']:.3f}x the step time"
+    )
     print(f"  bf16 autocast: {bf16['memory ratio']:.3f}x the saved bytes, {bf16['time ratio']:.3f}x the step time")
     print(f"  figures written to {args.json}")
     print(f"loop throughput ratio (helpers/hand-written): {worst:.3f}")

@@ -6,11 +6,12 @@ Kill it (Ctrl-C, `kill -9`) and run the same command again: it resumes in the mi
 must, and ends with the same weights, bit for bit, as a run that was never interrupted. It prints
 `saved step N <file> (validation loss L)` after each checkpoint. Notebook 06 writes the same run out by hand.
 """
+
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -23,14 +24,26 @@ from helpers.loop import evaluate
 from helpers.models import MLP
 
 
-def train(folder: str | Path, *, steps: int = 120, save_every: int = 10, seed: int = 0, dropout: float = 0.1,
-          batch_size: int = 32, stop_after: int | None = None) -> dict:
+def train(
+    folder: str | Path,
+    *,
+    steps: int = 120,
+    save_every: int = 10,
+    seed: int = 0,
+    dropout: float = 0.1,
+    batch_size: int = 32,
+    stop_after: int | None = None,
+) -> dict:
     """Train the digits MLP for `steps` AdamW steps on CPU, checkpointing into `folder`; resume if it holds one.
 
     Saves every `save_every` steps and at the end (or at `stop_after`, then returns, as if stopped there).
     """
-    for name, value in (("steps", steps), ("save_every", save_every), ("batch_size", batch_size),
-                        ("stop_after", steps if stop_after is None else stop_after)):
+    for name, value in (
+        ("steps", steps),
+        ("save_every", save_every),
+        ("batch_size", batch_size),
+        ("stop_after", steps if stop_after is None else stop_after),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if stop_after is not None and stop_after > steps:
@@ -49,8 +62,9 @@ def train(folder: str | Path, *, steps: int = 120, save_every: int = 10, seed: i
     val_loader = DataLoader(DigitsDataset("test"), batch_size=256, generator=torch.Generator())
     manager = CheckpointManager(folder, keep_last=2, mode="min")
     step, consumed, resumed_from = 0, 0, None
-    if manager.latest() is not None:
-        state = load_checkpoint(manager.latest(), model, optimizer, scheduler, scaler, generator=generator)
+    latest = manager.latest()
+    if latest is not None:
+        state = load_checkpoint(latest, model, optimizer, scheduler, scaler, generator=generator)
         step = resumed_from = state["step"]
         sampler.load_state_dict(state["extra"]["sampler"])
         consumed = state["extra"]["sampler"]["offset"]
@@ -68,15 +82,30 @@ def train(folder: str | Path, *, steps: int = 120, save_every: int = 10, seed: i
             step, consumed = step + 1, consumed + len(targets)
             if step % save_every == 0 or step == stop:
                 val_loss = evaluate(model, val_loader, loss_fn, device="cpu")["loss"]  # eval mode: no RNG drawn
-                path = manager.save(model, optimizer, scheduler, scaler, step=step, epoch=sampler.epoch,
-                                    metric=val_loss, generator=generator,
-                                    extra={"sampler": sampler.state_dict(consumed)})
+                path = manager.save(
+                    model,
+                    optimizer,
+                    scheduler,
+                    scaler,
+                    step=step,
+                    epoch=sampler.epoch,
+                    metric=val_loss,
+                    generator=generator,
+                    extra={"sampler": sampler.state_dict(consumed)},
+                )
                 print(f"saved step {step} {path} (validation loss {val_loss:.6f})", flush=True)
             consumed %= len(dataset)  # 0 when the epoch is over
             if step == stop:
                 break
-    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
-            "steps_done": step, "resumed_from": resumed_from, "manager": manager}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "scaler": scaler,
+        "steps_done": step,
+        "resumed_from": resumed_from,
+        "manager": manager,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -24,6 +24,7 @@ The training itself is helpers.workers.ddp.train_ddp, the loop notebook 05 shows
 and writes the checkpoint (the bare model's state_dict, without DDP's `module.` prefix) and a
 history.json with one row of metrics per epoch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,7 @@ def train(config: TrainConfig) -> list[dict]:
     backend = config.backend or default_backend(local_world)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the cores
-    device = setup_process_group(rank, world_size, backend=backend, init_method=init_method,
-                                 timeout_s=config.timeout_s)
+    device = setup_process_group(rank, world_size, backend=backend, init_method=init_method, timeout_s=config.timeout_s)
     try:
         return train_ddp(config, rank, world_size, device)
     finally:
@@ -58,8 +58,10 @@ def train(config: TrainConfig) -> list[dict]:
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     """Command-line arguments to a TrainConfig."""
-    parser = argparse.ArgumentParser(prog="torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp",
-                                     description="Train the course MLP on the digits with DDP.")
+    parser = argparse.ArgumentParser(
+        prog="torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp",
+        description="Train the course MLP on the digits with DDP.",
+    )
     defaults = TrainConfig()
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="per rank")
@@ -68,16 +70,30 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     parser.add_argument("--hidden", type=int, nargs="+", default=list(defaults.hidden))
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", default=None, help="folder for model.pt and history.json (rank 0 writes them)")
-    parser.add_argument("--backend", choices=["gloo", "nccl", "mpi"], default=None,
-                        help="default: nccl with a GPU per local rank, else gloo")
-    parser.add_argument("--timeout-s", type=float, default=defaults.timeout_s,
-                        help="how long a collective may wait for the other ranks")
+    parser.add_argument(
+        "--backend",
+        choices=["gloo", "nccl", "mpi"],
+        default=None,
+        help="default: nccl with a GPU per local rank, else gloo",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=defaults.timeout_s, help="how long a collective may wait for the other ranks"
+    )
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     try:
-        return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
-                           hidden=tuple(args.hidden), seed=args.seed, out=args.out, backend=args.backend,
-                           timeout_s=args.timeout_s, progress=args.progress)
+        return TrainConfig(
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            momentum=args.momentum,
+            hidden=tuple(args.hidden),
+            seed=args.seed,
+            out=args.out,
+            backend=args.backend,
+            timeout_s=args.timeout_s,
+            progress=args.progress,
+        )
     except ValueError as error:
         parser.error(str(error))
 

@@ -5,6 +5,7 @@ helpers.processes.launch calls each worker as worker(rank, world_size, *args) wi
 process group already set up; the workers return plain values or tensors. `train_ddp` is one rank's
 whole training run (sampler, DDP wrapper, the step, metrics, rank-0 logging and checkpoint).
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,16 +39,25 @@ def _device_ids(device: torch.device) -> list[int] | None:
 
 # ---------------------------------------------------------------- who is who
 
+
 def describe_rank(rank: int, world_size: int) -> dict:
     """This rank's view of the group, and the sum of all rank numbers computed with one all_reduce."""
     total = torch.tensor([float(rank)], device=_device())
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
-            "pid": os.getpid(), "local_rank": int(os.environ.get("LOCAL_RANK", -1)), "device": str(_device()),
-            "torch_threads": torch.get_num_threads(), "sum_of_ranks": float(total.item())}
+    return {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "pid": os.getpid(),
+        "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
+        "device": str(_device()),
+        "torch_threads": torch.get_num_threads(),
+        "sum_of_ranks": float(total.item()),
+    }
 
 
 # ---------------------------------------------------------------- point-to-point and collectives
+
 
 def payload_for(seed: int, destination: int) -> torch.Tensor:
     """The tensor rank 0 sends to `destination`: 4 seeded random numbers, so the receiver can be checked."""
@@ -82,13 +92,15 @@ def all_reduce_worker(rank: int, world_size: int, seed: int) -> dict:
 
 def communication_worker(rank: int, world_size: int, seed: int) -> dict:
     """send_recv_worker, then all_reduce_worker, in one run (one process start-up instead of two)."""
-    return {"send_recv": send_recv_worker(rank, world_size, seed),
-            "all_reduce": all_reduce_worker(rank, world_size, seed)}
+    return {
+        "send_recv": send_recv_worker(rank, world_size, seed),
+        "all_reduce": all_reduce_worker(rank, world_size, seed),
+    }
 
 
 def sampler_worker(rank: int, world_size: int, dataset_size: int, seed: int) -> dict:
     """The indices DistributedSampler gives this rank: epoch 0, epoch 0 again without set_epoch, epoch 1."""
-    sampler = DistributedSampler(range(dataset_size), shuffle=True, seed=seed)  # rank, world from the group
+    sampler: DistributedSampler[int] = DistributedSampler(range(dataset_size), shuffle=True, seed=seed)  # type: ignore[arg-type]
     sampler.set_epoch(0)
     epoch0 = list(sampler)
     again_without_set_epoch = list(sampler)
@@ -98,6 +110,7 @@ def sampler_worker(rank: int, world_size: int, dataset_size: int, seed: int) -> 
 
 
 # ---------------------------------------------------------------- gradients: by hand, DDP, no_sync
+
 
 def average_gradients(model: nn.Module) -> None:
     """Hand-written data parallelism: all_reduce (sum) every gradient, then divide by the number of ranks."""
@@ -110,8 +123,9 @@ def average_gradients(model: nn.Module) -> None:
 
 def flat_gradient(model: nn.Module) -> torch.Tensor:
     """All of a model's gradients as one flat CPU vector (zeros where a gradient is missing)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu()
-                      for p in model.parameters()])
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu() for p in model.parameters()]
+    )
 
 
 def gradient_batch(seed: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,11 +165,18 @@ def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> 
         (loss_fn(accumulating(inputs[mine]), targets[mine]) / 2).backward()
     under_no_sync = flat_gradient(accumulating.module)
     (loss_fn(accumulating(inputs[second]), targets[second]) / 2).backward()  # micro-batch 2: all-reduce now
-    return {"rank": rank, "local": local, "by_hand": flat_gradient(by_hand), "ddp": flat_gradient(ddp.module),
-            "under_no_sync": under_no_sync, "after_sync": flat_gradient(accumulating.module)}
+    return {
+        "rank": rank,
+        "local": local,
+        "by_hand": flat_gradient(by_hand),
+        "ddp": flat_gradient(ddp.module),
+        "under_no_sync": under_no_sync,
+        "after_sync": flat_gradient(accumulating.module),
+    }
 
 
 # ---------------------------------------------------------------- failures, for the launcher's checks
+
 
 def failing_worker(rank: int, world_size: int, bad_rank: int, mode: str = "raise", pid_dir: str | None = None) -> int:
     """Rank `bad_rank` fails ('raise' an error, 'exit' hard, or 'hang'); the others wait at a barrier."""
@@ -175,6 +196,7 @@ def failing_worker(rank: int, world_size: int, bad_rank: int, mode: str = "raise
 
 
 # ---------------------------------------------------------------- DDP training (torchrun -m helpers.cli.train_ddp)
+
 
 @dataclass
 class TrainConfig:
@@ -237,15 +259,20 @@ def evaluate_sharded(model: nn.Module, dataset, device: torch.device, rank: int,
 def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> list[dict]:
     """One rank's DDP training run, in a process group already set up; returns the history (on every rank)."""
     train_set, test_set = DigitsDataset("train"), DigitsDataset("test")
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
+    )
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)  # this rank's shard only
     model = build_model(config).to(device)  # same seed on every rank (and DDP broadcasts rank 0's weights)
     model = DistributedDataParallel(model, device_ids=_device_ids(device))
     optimizer = build_optimizer(model, config)
     loss_fn = nn.CrossEntropyLoss()
-    print_rank0(f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
-                f"batch={config.batch_size}/rank ({world_size * config.batch_size} per step) "
-                f"steps/epoch={len(loader)}", flush=True)
+    print_rank0(
+        f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
+        f"batch={config.batch_size}/rank ({world_size * config.batch_size} per step) "
+        f"steps/epoch={len(loader)}",
+        flush=True,
+    )
     bar = None
     if config.progress and rank == 0:  # one progress bar, not one per rank
         from tqdm.auto import tqdm
@@ -270,22 +297,41 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
         seconds = time.perf_counter() - start
         train_totals = all_reduce_metrics({"loss_sum": float(loss_sum), "samples": samples})  # sums over ranks
         test = evaluate_sharded(unwrap_model(model), test_set, device, rank, world_size)
-        history.append({"epoch": epoch + 1, "train_loss": train_totals["loss_sum"] / train_totals["samples"],
-                        "test_loss": test["loss"], "test_accuracy": test["accuracy"], "seconds": seconds,
-                        "samples_seen": int(train_totals["samples"])})
-        print_rank0(f"epoch {epoch + 1}: train_loss={history[-1]['train_loss']:.4f} test_loss={test['loss']:.4f} "
-                    f"test_accuracy={test['accuracy']:.4f} ({seconds:.2f} s)", flush=True)
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_loss": train_totals["loss_sum"] / train_totals["samples"],
+                "test_loss": test["loss"],
+                "test_accuracy": test["accuracy"],
+                "seconds": seconds,
+                "samples_seen": int(train_totals["samples"]),
+            }
+        )
+        print_rank0(
+            f"epoch {epoch + 1}: train_loss={history[-1]['train_loss']:.4f} test_loss={test['loss']:.4f} "
+            f"test_accuracy={test['accuracy']:.4f} ({seconds:.2f} s)",
+            flush=True,
+        )
     if bar is not None:
         bar.close()
     if rank == 0 and config.out:  # one writer: N ranks writing one file would race
         # unwrap_model(model) is model.module: its keys have no "module." prefix, so the file loads
         # into a plain model, with or without DDP.
-        path = save_checkpoint(Path(config.out) / "model.pt", unwrap_model(model), optimizer, epoch=config.epochs,
-                               step=config.epochs * len(loader), metric=history[-1]["test_accuracy"],
-                               extra={"config": asdict(config), "world_size": world_size, "history": history})
-        Path(config.out, "history.json").write_text(json.dumps(
-            {"world_size": world_size, "backend": dist.get_backend(), "config": asdict(config),
-             "history": history}, indent=1))
+        path = save_checkpoint(
+            Path(config.out) / "model.pt",
+            unwrap_model(model),
+            optimizer,
+            epoch=config.epochs,
+            step=config.epochs * len(loader),
+            metric=history[-1]["test_accuracy"],
+            extra={"config": asdict(config), "world_size": world_size, "history": history},
+        )
+        Path(config.out, "history.json").write_text(
+            json.dumps(
+                {"world_size": world_size, "backend": dist.get_backend(), "config": asdict(config), "history": history},
+                indent=1,
+            )
+        )
         print_rank0(f"saved {path}", flush=True)
     dist.barrier()  # nobody leaves before rank 0 has written its files
     return history
