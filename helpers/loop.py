@@ -1,18 +1,23 @@
 """The training loop: one epoch, evaluation, and `fit` over epochs.
 
 One optimizer step, in the standard order (as in nanoGPT's train.py):
-forward and loss under autocast -> loss scaled for accumulation -> backward -> on a step boundary:
-unscale (fp16) -> clip -> optimizer.step -> scaler.update -> zero_grad(set_to_none=True) -> scheduler.step.
+forward and loss under autocast -> loss weighted for accumulation -> scaler.scale(loss).backward() ->
+on a step boundary: unscale_ and clip -> scaler.step -> scaler.update -> zero_grad(set_to_none=True)
+-> scheduler.step. Without fp16 the GradScaler is disabled and each of its calls is a no-op.
 """
+
 from __future__ import annotations
 
 import contextlib
 import itertools
 import time
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -32,23 +37,10 @@ def _check_amp(amp: str | None) -> None:
 
 def _check_parameter_device(param: torch.Tensor | None, device: torch.device) -> None:
     if param is not None and param.device.type != device.type:
-        raise ValueError(f"device is {device} but the model's parameters are on {param.device}; "
-                         f"call model.to({str(device)!r}) first (and build the optimizer after it)")
-
-
-def _check_model_device(model: nn.Module, device: torch.device) -> None:
-    _check_parameter_device(next(model.parameters(), None), device)
-
-
-def _first_optimized_parameter(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
-    """The optimizer's first parameter: one of the model's, found without walking the module tree.
-
-    (`model.to(...)` moves parameters in place, so these are the very tensors the model uses.)
-    """
-    for group in optimizer.param_groups:
-        if group["params"]:
-            return group["params"][0]
-    return None
+        raise ValueError(
+            f"device is {device} but the model's parameters are on {param.device}; "
+            f"call model.to({str(device)!r}) first (and build the optimizer after it)"
+        )
 
 
 def _check_loader(loader: Iterable) -> None:
@@ -57,8 +49,65 @@ def _check_loader(loader: Iterable) -> None:
     except TypeError:
         return
     if length == 0:
-        raise ValueError("loader must yield at least one batch, got an empty loader "
-                         "(is the dataset empty, or drop_last=True with fewer samples than batch_size?)")
+        raise ValueError(
+            "loader must yield at least one batch, got an empty loader "
+            "(is the dataset empty, or drop_last=True with fewer samples than batch_size?)"
+        )
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """What one training epoch did: its mean loss over the samples, its counts and its time."""
+
+    loss: float
+    samples: int
+    micro_batches: int
+    optimizer_steps: int
+    seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Loss, accuracy, weighted F1 and confusion matrix over an evaluation set."""
+
+    loss: float
+    accuracy: float
+    f1_weighted: float
+    confusion_matrix: np.ndarray
+    samples: int
+
+
+def _length(loader: Iterable) -> int | None:
+    return len(loader) if isinstance(loader, Sized) else None
+
+
+def _elapsed(start: float, device: torch.device) -> float:
+    """Seconds since `start`, once the device's queued work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _check_epoch_arguments(loader: Iterable, optimizer, device, accumulation_steps, amp, max_grad_norm) -> torch.device:
+    """train_epoch's arguments checked where a mistake would otherwise surface deep inside torch."""
+    device = _check_device(device)
+    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+        raise ValueError(f"accumulation_steps must be a positive int, got {accumulation_steps!r}")
+    _check_amp(amp)
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    _check_loader(loader)
+    # The optimizer's first parameter is one of the model's (model.to moves parameters in place), found
+    # without walking the module tree.
+    first = next((group["params"][0] for group in optimizer.param_groups if group["params"]), None)
+    _check_parameter_device(first, device)
+    return device
 
 
 def autocast_context(device: torch.device, amp: str | None):
@@ -88,109 +137,79 @@ def _micro_batch_groups(loader: Iterable, accumulation_steps: int) -> Iterator[S
     return iter(lambda: list(itertools.islice(iterator, accumulation_steps)), [])
 
 
-def _batch_size(batch) -> int:
-    return batch[1].shape[0]
+def train_epoch(
+    model: nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable,
+    *,
+    device: torch.device | str,
+    accumulation_steps: int = 1,
+    amp: str | None = None,
+    max_grad_norm: float | None = None,
+    scheduler=None,
+    scaler: torch.amp.GradScaler | None = None,
+    progress: bool = True,
+    description: str = "train",
+) -> EpochResult:
+    """Train for one pass over `loader`: forward under autocast, weighted loss, backward, clip, step.
 
-
-def train_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, loss_fn: Callable, *,
-                device: torch.device | str, accumulation_steps: int = 1, amp: str | None = None,
-                max_grad_norm: float | None = None, scheduler=None, scaler: torch.amp.GradScaler | None = None,
-                progress: bool = True, description: str = "train") -> dict:
-    """Train for one pass over `loader`; return loss, samples, micro-batches, optimizer steps, time.
-
-    `loss_fn` must return the mean loss over its batch. With accumulation, each micro-batch's loss is
-    weighted by its share of the samples in its group, so every update equals the one-big-batch update,
-    also for a last group with fewer (or smaller) micro-batches. `scheduler`, if given, is stepped after
-    every optimizer step that happened (not after one GradScaler skipped). Pass `scaler` to keep one GradScaler across epochs (fit does).
+    `loss_fn` must return the mean loss over its batch. Each micro-batch's loss is weighted by its share
+    of its group's samples, so every update equals the one-big-batch update, also for a shorter last
+    group. `scheduler` steps after each optimizer step the GradScaler did not skip. Pass `scaler` to
+    keep one GradScaler across epochs (fit does); by default one is made, enabled only for fp16.
     """
-    device = _check_device(device)
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-        raise ValueError(f"accumulation_steps must be a positive int, got {accumulation_steps!r}")
-    _check_amp(amp)
-    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-        raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    _check_loader(loader)
-    _check_parameter_device(_first_optimized_parameter(optimizer), device)
-    if scaler is None:
-        scaler = make_grad_scaler(device, amp)
-    non_blocking = device.type == "cuda"
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
-        bar = tqdm(total=total, desc=description, unit="batch", leave=False)
-
+    device = _check_epoch_arguments(loader, optimizer, device, accumulation_steps, amp, max_grad_norm)
+    scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    autocast = autocast_context(device, amp)  # made once; without amp a nullcontext, the cheapest to enter
+    # Counted by hand: tqdm(loader) would open (and drop) an extra DataLoader iterator, shifting the shuffle.
+    bar = tqdm(total=_length(loader), desc=description, unit="batch", leave=False, disable=not progress)
+    # `.item()` on the CPU is a plain read; on a GPU it would wait for the queue every step: read at the end.
+    read_now, non_blocking = device.type == "cpu", device.type == "cuda"
+    losses, sizes, optimizer_steps = [], [], 0
     model.train()
-    # Each micro-batch's loss, to report the epoch's mean. On the CPU `.item()` is a plain read; on an
-    # accelerator it would wait for the queued kernels every step, so there the detached tensors are
-    # kept and read once at the end (keeping `loss` itself would keep every graph alive).
-    read_now = device.type == "cpu"
-    losses: list = []
-    sizes: list[int] = []
-    optimizer_steps = 0
     start = time.perf_counter()
     for group in _micro_batch_groups(loader, accumulation_steps):
-        group_samples = sum(_batch_size(batch) for batch in group) if len(group) > 1 else None
         for inputs, targets in group:
             inputs = inputs.to(device, non_blocking=non_blocking)
             targets = targets.to(device, non_blocking=non_blocking)
-            with autocast_context(device, amp):
+            with autocast:
                 loss = loss_fn(model(inputs), targets)
             losses.append(loss.item() if read_now else loss.detach())
             sizes.append(targets.shape[0])
-            if group_samples is not None:
-                loss = loss * (targets.shape[0] / group_samples)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-            else:
-                loss.backward()
-            if bar is not None:
-                bar.update(1)
+            if len(group) > 1:  # weighted by its share of the group's samples (no extra op without accumulation)
+                loss = loss * (targets.shape[0] / sum(batch[1].shape[0] for batch in group))
+            scaler.scale(loss).backward()
+            bar.update(1)
         if max_grad_norm is not None:
-            if scaler is not None:
-                scaler.unscale_(optimizer)
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        stepped = True
-        if scaler is not None:
-            scale_before = scaler.get_scale() if scheduler is not None else None
-            scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
-            scaler.update()         # ...and then the scale is lowered
-            if scale_before is not None:
-                stepped = scaler.get_scale() >= scale_before
-        else:
-            optimizer.step()
+        scale = scaler.get_scale() if scheduler is not None else 0.0  # read only when needed: a GPU sync
+        scaler.step(optimizer)  # skipped when the fp16 gradients hold inf/NaN...
+        scaler.update()  # ...and then the scale is lowered
         optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None and stepped:
+        if scheduler is not None and scaler.get_scale() >= scale:  # a skipped step is not scheduled
             scheduler.step()
         optimizer_steps += 1
-    if bar is not None:
-        bar.close()  # leave=False: the bar goes once the epoch is done (fit's epoch bar shows the loss)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
+    bar.close()
+    seconds = _elapsed(start, device)
     if not sizes:
         raise ValueError("loader must yield at least one batch, got none")
-    samples = sum(sizes)
-    if not read_now:
-        losses = torch.stack(losses).float().tolist()  # the one sync of the epoch
-    mean_loss = sum(loss * size for loss, size in zip(losses, sizes)) / samples
-    return {"loss": mean_loss, "samples": samples, "micro_batches": len(sizes),
-            "optimizer_steps": optimizer_steps, "seconds": seconds, "samples_per_s": samples / seconds}
+    losses = losses if read_now else torch.stack(losses).float().tolist()  # the one sync of the epoch
+    mean_loss = sum(loss * size for loss, size in zip(losses, sizes)) / sum(sizes)
+    return EpochResult(mean_loss, sum(sizes), len(sizes), optimizer_steps, seconds)
 
 
-def evaluate(model: nn.Module, loader: Iterable, loss_fn: Callable, *, device: torch.device | str,
-             amp: str | None = None) -> dict:
+def evaluate(
+    model: nn.Module, loader: Iterable, loss_fn: Callable, *, device: torch.device | str, amp: str | None = None
+) -> Evaluation:
     """Loss, accuracy, weighted F1 and confusion matrix over `loader`, in eval mode under torch.no_grad()."""
     from sklearn.metrics import confusion_matrix, f1_score
 
     device = _check_device(device)
-    _check_amp(amp)
+    autocast = autocast_context(device, amp)
     _check_loader(loader)
-    _check_model_device(model, device)
+    _check_parameter_device(next(model.parameters(), None), device)
     was_training = model.training
     model.eval()
     loss_sum, predictions, labels = 0.0, [], []
@@ -198,7 +217,7 @@ def evaluate(model: nn.Module, loader: Iterable, loss_fn: Callable, *, device: t
         with torch.no_grad():
             for inputs, targets in loader:
                 inputs, targets = inputs.to(device), targets.to(device)
-                with autocast_context(device, amp):
+                with autocast:
                     outputs = model(inputs)
                     loss = loss_fn(outputs, targets)
                 loss_sum += float(loss) * len(targets)
@@ -209,66 +228,87 @@ def evaluate(model: nn.Module, loader: Iterable, loss_fn: Callable, *, device: t
     if not labels:
         raise ValueError("loader must yield at least one batch, got none")
     y_pred, y_true = torch.cat(predictions).numpy(), torch.cat(labels).numpy()
-    return {
-        "loss": loss_sum / len(y_true),
-        "accuracy": float((y_pred == y_true).mean()),
-        "f1_weighted": float(f1_score(y_true, y_pred, average="weighted", zero_division=0)),
-        "confusion_matrix": confusion_matrix(y_true, y_pred),
-        "samples": len(y_true),
-    }
+    return Evaluation(
+        loss=loss_sum / len(y_true),
+        accuracy=float((y_pred == y_true).mean()),
+        f1_weighted=float(f1_score(y_true, y_pred, average="weighted", zero_division=0)),
+        confusion_matrix=confusion_matrix(y_true, y_pred),
+        samples=len(y_true),
+    )
 
 
-def fit(model: nn.Module, train_loader: Iterable, optimizer: torch.optim.Optimizer, loss_fn: Callable, *,
-        device: torch.device | str, epochs: int, val_loader: Iterable | None = None,
-        accumulation_steps: int = 1, amp: str | None = None, max_grad_norm: float | None = None,
-        scheduler=None, scheduler_interval: str = "epoch", progress: bool = True, live_plot: bool = False,
-        on_epoch_end: Callable[[dict], None] | None = None) -> list[dict]:
+def fit(
+    model: nn.Module,
+    train_loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable,
+    *,
+    device: torch.device | str,
+    epochs: int,
+    val_loader: Iterable | None = None,
+    accumulation_steps: int = 1,
+    amp: str | None = None,
+    max_grad_norm: float | None = None,
+    scheduler=None,
+    scheduler_interval: str = "epoch",
+    progress: bool = True,
+    live_plot: bool = False,
+    on_epoch_end: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Train for `epochs`; return one dict per epoch (train loss, samples/s, steps, and val metrics).
 
     Evaluation runs only after an epoch's last optimizer step, so no gradients are pending.
     `scheduler_interval` is 'epoch' (step once per epoch) or 'step' (once per optimizer step).
+    `on_epoch_end(row)` is called after every epoch with that epoch's row (e.g. to plot it).
     """
     device = _check_device(device)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     if scheduler_interval not in ("epoch", "step"):
         raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
-    scaler = make_grad_scaler(device, amp)
+    scaler = make_grad_scaler(device, amp)  # one for every epoch: its scale carries over
     plot = None
     if live_plot:
         from .plots import LivePlot
 
         plot = LivePlot(["train_loss", "val_loss", "val_accuracy"])
     history: list[dict] = []
-    epoch_bar = None
-    if progress and epochs > 1:
-        from tqdm.auto import tqdm
-
-        epoch_bar = tqdm(total=epochs, desc="epochs", unit="epoch")
+    epoch_bar = tqdm(total=epochs, desc="epochs", unit="epoch", disable=not progress or epochs == 1)
     for epoch in range(1, epochs + 1):
-        train = train_epoch(model, train_loader, optimizer, loss_fn, device=device,
-                            accumulation_steps=accumulation_steps, amp=amp, max_grad_norm=max_grad_norm,
-                            scheduler=scheduler if scheduler_interval == "step" else None, scaler=scaler,
-                            progress=progress, description=f"epoch {epoch}")
+        train = train_epoch(
+            model,
+            train_loader,
+            optimizer,
+            loss_fn,
+            device=device,
+            accumulation_steps=accumulation_steps,
+            amp=amp,
+            max_grad_norm=max_grad_norm,
+            scheduler=scheduler if scheduler_interval == "step" else None,
+            scaler=scaler,
+            progress=progress,
+            description=f"epoch {epoch}",
+        )
         if scheduler is not None and scheduler_interval == "epoch":
             scheduler.step()
-        row = {"epoch": epoch, "train_loss": train["loss"], "samples_per_s": train["samples_per_s"],
-               "optimizer_steps": train["optimizer_steps"], "lr": optimizer.param_groups[0]["lr"]}
+        row = {
+            "epoch": epoch,
+            "train_loss": train.loss,
+            "samples_per_s": train.samples_per_s,
+            "optimizer_steps": train.optimizer_steps,
+            "lr": optimizer.param_groups[0]["lr"],
+        }
         if val_loader is not None:
             val = evaluate(model, val_loader, loss_fn, device=device, amp=amp)
-            row.update(val_loss=val["loss"], val_accuracy=val["accuracy"], val_f1_weighted=val["f1_weighted"])
+            row.update(val_loss=val.loss, val_accuracy=val.accuracy, val_f1_weighted=val.f1_weighted)
+            epoch_bar.set_postfix(loss=f"{row['train_loss']:.4f}", acc=f"{row['val_accuracy']:.3f}", refresh=False)
         history.append(row)
+        epoch_bar.update(1)
         if plot is not None:
             plot.update(row)
-        if epoch_bar is not None:
-            epoch_bar.update(1)
-            if "val_accuracy" in row:
-                epoch_bar.set_postfix(loss=f"{row['train_loss']:.4f}", acc=f"{row['val_accuracy']:.3f}")
         if on_epoch_end is not None:
             on_epoch_end(row)
-    if epoch_bar is not None:
-        epoch_bar.close()
+    epoch_bar.close()
     if plot is not None:
         plot.close()
     return history
-

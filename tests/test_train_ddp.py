@@ -40,7 +40,7 @@ def _one_process_twin(config: TrainConfig, world_size: int) -> tuple[list[float]
             progress=False,
         )
         accuracies.append(
-            evaluate(model, DataLoader(test_set, batch_size=256), nn.CrossEntropyLoss(), device="cpu")["accuracy"]
+            evaluate(model, DataLoader(test_set, batch_size=256), nn.CrossEntropyLoss(), device="cpu").accuracy
         )
     return accuracies, model
 

@@ -81,7 +81,7 @@ def train(
             scheduler.step()
             step, consumed = step + 1, consumed + len(targets)
             if step % save_every == 0 or step == stop:
-                val_loss = evaluate(model, val_loader, loss_fn, device="cpu")["loss"]  # eval mode: no RNG drawn
+                val_loss = evaluate(model, val_loader, loss_fn, device="cpu").loss  # eval mode: no RNG drawn
                 path = manager.save(
                     model,
                     optimizer,
