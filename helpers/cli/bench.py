@@ -117,11 +117,11 @@ class LoopCase(NamedTuple):
 # median firms up with the number of rounds, not with longer epochs: it runs 2-step epochs, and gets
 # the larger share of the time.
 LOOP_CASES = [
-    LoopCase("MLP, batch 32", MLP, 8, 32, {}, None, (4, 20)),
+    LoopCase("MLP, batch 32", MLP, 8, 32, {}, None, (8, 20)),
     LoopCase("CNN 28x28, batch 64", SmallCNN, 28, 64, {}, 128, (10, 60)),
     LoopCase("CNN 28x28, progress bar", SmallCNN, 28, 64, {"bar": True}, 128, (10, 60)),
-    LoopCase("MLP, accumulation 4", MLP, 8, 16, {"accumulation_steps": 4}, None, (4, 20)),
-    LoopCase("MLP, bf16 autocast", MLP, 8, 32, {"amp": "bf16"}, None, (4, 20)),
+    LoopCase("MLP, accumulation 4", MLP, 8, 16, {"accumulation_steps": 4}, None, (8, 20)),
+    LoopCase("MLP, bf16 autocast", MLP, 8, 32, {"amp": "bf16"}, None, (8, 20)),
 ]
 
 
