@@ -149,3 +149,7 @@ def test_main_prints_tables_writes_json_and_ends_with_the_loop_ratio(tmp_path, m
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["summary"]["loop_ratio_min"] == pytest.approx(0.8) == results["summary"]["loop_ratio_min"]
     assert [row["case"] for row in saved["sections"]["1. Loop"]] == ["a", "b"]
+
+
+def test_the_project_folder_is_found_from_the_cli_package():
+    assert (bench.PROJECT / "notebooks").is_dir() and (bench.PROJECT / "pyproject.toml").is_file()

@@ -33,7 +33,7 @@ from helpers.models import MLP, SmallCNN, deep_linear_stack
 from helpers.timing import format_table, median, median_ratio, ratio_quartiles, time_interleaved
 
 LOSS = nn.CrossEntropyLoss()
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]  # helpers/cli/bench.py -> the project folder
 
 
 # ---------------------------------------------------------------- ratios and the machine (unit-tested)
@@ -372,12 +372,15 @@ def notebook_suite() -> list[dict]:
     """Run every notebook as the test suite does and report each one's wall time."""
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "notebooks.xml"
-        subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-m", "pytest", "notebooks", "-q", f"--junitxml={report}", "-o", "junit_family=xunit1"],
             cwd=PROJECT,
             check=False,
             capture_output=True,
+            text=True,
         )
+        if done.returncode != 0 or not report.exists():
+            raise RuntimeError(f"the notebook run failed (exit {done.returncode}):\n{done.stdout[-2000:]}")
         rows = notebook_durations(report)
     rows.append({"notebook": "total", "seconds": sum(r["seconds"] for r in rows)})
     return rows
