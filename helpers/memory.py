@@ -158,7 +158,10 @@ def _reset_rss_high_water() -> bool:
 @contextlib.contextmanager
 def peak_memory(device: torch.device | str) -> Iterator[PeakMemory]:
     """Peak memory during the block: CUDA allocator peak on a GPU, process RSS high-water mark on CPU (coarse)."""
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device must be 'cuda', 'mps' or 'cpu' (or a torch.device), got {device!r}") from error
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)

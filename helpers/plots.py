@@ -33,7 +33,9 @@ class LivePlot:
         self.rows: list[dict] = []
         groups = [[m for m in self.metrics if "acc" not in m], [m for m in self.metrics if "acc" in m]]
         self.groups = [g for g in groups if g]
-        self.figure, axes = plt.subplots(1, len(self.groups), figsize=(5 * len(self.groups), 3.2), squeeze=False)
+        self.figure, axes = plt.subplots(
+            1, len(self.groups), figsize=(5 * len(self.groups), 3.2), squeeze=False, layout="constrained"
+        )
         self.axes = list(axes[0])
         if title:
             self.figure.suptitle(title)
@@ -59,7 +61,6 @@ class LivePlot:
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend()
-        self.figure.tight_layout()
         if self._image is not None:
             self._image.value = figure_png(self.figure)
 
@@ -91,7 +92,7 @@ def line_chart(
     for name, ys in series.items():
         if len(ys) != len(x):
             raise ValueError(f"series {name!r} has {len(ys)} values but x has {len(x)}")
-    figure, ax = plt.subplots(figsize=(6, 3.5))
+    figure, ax = plt.subplots(figsize=(6, 3.5), layout="constrained")
     for name, ys in series.items():
         ax.plot(list(x), list(ys), marker="o", label=name)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
@@ -101,7 +102,6 @@ def line_chart(
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend()
-    figure.tight_layout()
     return figure
 
 
@@ -109,7 +109,7 @@ def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", anno
     """One bar per label, each annotated with its value."""
     if not values:
         raise ValueError("values must hold at least one label")
-    figure, ax = plt.subplots(figsize=(max(4, 1.1 * len(values)), 3.5))
+    figure, ax = plt.subplots(figsize=(max(4, 1.1 * len(values)), 3.5), layout="constrained")
     labels, heights = list(values), [float(v) for v in values.values()]
     bars = ax.bar(labels, heights, color="tab:blue")
     for bar, height in zip(bars, heights):
@@ -118,7 +118,6 @@ def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", anno
         )
     ax.set(ylabel=ylabel, title=title)
     ax.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
     return figure
 
 
@@ -126,8 +125,7 @@ def confusion_matrix_plot(matrix, classes: Sequence[str], *, title: str = "confu
     """A confusion matrix (rows: true class, columns: predicted) with counts in the cells."""
     from sklearn.metrics import ConfusionMatrixDisplay
 
-    figure, ax = plt.subplots(figsize=(5, 4.5))
+    figure, ax = plt.subplots(figsize=(5, 4.5), layout="constrained")
     ConfusionMatrixDisplay(matrix, display_labels=list(classes)).plot(ax=ax, colorbar=False)
     ax.set_title(title)
-    figure.tight_layout()
     return figure

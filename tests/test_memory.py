@@ -133,3 +133,9 @@ def test_gradients_under_the_meter_equal_plain_gradients():
         model(x).pow(2).sum().backward()
     metered = [p.grad for p in model.parameters()] + [x.grad]
     assert all(torch.equal(a, b) for a, b in zip(plain, metered))
+
+
+@pytest.mark.parametrize("device", ["tpu", "gpu0", 3.5])
+def test_peak_memory_names_the_parameter_for_an_unknown_device(device):
+    with pytest.raises(ValueError, match="device must be 'cuda', 'mps' or 'cpu'"), peak_memory(device):
+        pass

@@ -36,3 +36,17 @@ def test_figure_png_renders_bytes():
 
     png = figure_png(bar_chart({"a": 1.0}, ylabel="y"))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_live_plot_and_charts_draw_without_layout_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot = LivePlot(["train_loss", "val_loss", "val_accuracy"], title="a run")
+        for epoch in (1, 2):
+            plot.update({"epoch": epoch, "train_loss": 1.0 / epoch, "val_loss": 1.2 / epoch, "val_accuracy": 0.5})
+        plot.close()
+        line_chart([1, 2], {"a": [1, 2]}, xlabel="x", ylabel="y")
+        bar_chart({"a": 1.0}, ylabel="y")
+        confusion_matrix_plot(np.eye(3, dtype=int), ["a", "b", "c"])
