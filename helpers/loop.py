@@ -154,22 +154,21 @@ def train_epoch(
 ) -> EpochResult:
     """Train for one pass over `loader`: forward under autocast, weighted loss, backward, clip, step.
 
-    `loss_fn` must return the mean loss over its batch. Each micro-batch's loss is weighted by its share
-    of its group's samples, so every update equals the one-big-batch update, also for a shorter last
-    group. `scheduler` steps after each optimizer step the GradScaler did not skip. Pass `scaler` to
-    keep one GradScaler across epochs (fit does); by default one is made, enabled only for fp16.
+    `loss_fn` returns the mean loss over its batch; each micro-batch's loss is weighted by its share of
+    its group's samples, so every update equals the one-big-batch update, a shorter last group included.
+    `scheduler` steps after each step the GradScaler did not skip; `scaler` (one per run) defaults to fp16 only.
     """
     device = _check_epoch_arguments(loader, optimizer, device, accumulation_steps, amp, max_grad_norm)
     scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     autocast = autocast_context(device, amp)  # made once; without amp a nullcontext, the cheapest to enter
     # Counted by hand: tqdm(loader) would open (and drop) an extra DataLoader iterator, shifting the shuffle.
     bar = tqdm(total=_length(loader), desc=description, unit="batch", leave=False, disable=not progress)
-    # `.item()` on the CPU is a plain read; on a GPU it would wait for the queue every step: read at the end.
-    read_now, non_blocking = device.type == "cpu", device.type == "cuda"
+    read_now, non_blocking = device.type == "cpu", device.type == "cuda"  # .item() on a GPU waits: read at the end
     losses, sizes, optimizer_steps = [], [], 0
     model.train()
     start = time.perf_counter()
     for group in _micro_batch_groups(loader, accumulation_steps):
+        group_samples = sum(batch[1].shape[0] for batch in group) if len(group) > 1 else 0  # 0: no weighting
         for inputs, targets in group:
             inputs = inputs.to(device, non_blocking=non_blocking)
             targets = targets.to(device, non_blocking=non_blocking)
@@ -177,8 +176,8 @@ def train_epoch(
                 loss = loss_fn(model(inputs), targets)
             losses.append(loss.item() if read_now else loss.detach())
             sizes.append(targets.shape[0])
-            if len(group) > 1:  # weighted by its share of the group's samples (no extra op without accumulation)
-                loss = loss * (targets.shape[0] / sum(batch[1].shape[0] for batch in group))
+            if group_samples:  # weighted by its share of the group's samples (no extra op without accumulation)
+                loss = loss * (targets.shape[0] / group_samples)
             scaler.scale(loss).backward()
             bar.update(1)
         if max_grad_norm is not None:
