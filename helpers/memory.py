@@ -35,6 +35,7 @@ class SavedTensorsMeter:
     """What autograd saved for backward inside a `saved_tensors_meter` block."""
 
     excluded: set = field(default_factory=set)
+    include_parameters: bool = False
     bytes: int = 0  # every storage saved during the block, each counted once while it is alive
     peak_bytes: int = 0  # the most that was alive (not yet freed by backward) at one time
     live_bytes: int = 0
@@ -44,7 +45,7 @@ class SavedTensorsMeter:
     def _pack(self, tensor: torch.Tensor):
         self.tensors += 1
         key = _storage_key(tensor)
-        if key in self.excluded:
+        if key in self.excluded or (not self.include_parameters and _is_leaf_storage(tensor)):
             return tensor
         return _Saved(self, key, tensor)
 
@@ -63,6 +64,12 @@ class SavedTensorsMeter:
             self.live_bytes -= size
         else:
             self._live[key] = (count - 1, size)
+
+
+def _is_leaf_storage(tensor: torch.Tensor) -> bool:
+    """True for a leaf that requires grad (a parameter) or a view of one (Linear saves `weight.t()`)."""
+    base = tensor if tensor._base is None else tensor._base
+    return base.is_leaf and base.requires_grad
 
 
 class _Saved:
@@ -86,13 +93,20 @@ def _unpack(saved):
 
 
 @contextlib.contextmanager
-def saved_tensors_meter(exclude: nn.Module | Iterable[torch.Tensor] | None = None) -> Iterator[SavedTensorsMeter]:
+def saved_tensors_meter(
+    exclude: nn.Module | Iterable[torch.Tensor] | None = None, *, include_parameters: bool = False
+) -> Iterator[SavedTensorsMeter]:
     """Count the bytes autograd saves for backward in the block; `meter.bytes` afterwards.
 
-    Pass the model (or its parameters) as `exclude` to leave out weights, which autograd also saves
-    (Linear saves `weight.t()`, a view of the parameter's storage): they are matched by storage pointer.
-    Saved values are kept as detached aliases, so it is for first-order backward (not create_graph=True).
+    Autograd also saves weights (a Linear saves `weight.t()`, a view of the parameter; a convolution saves
+    the weight itself), which cost no memory beyond the parameter. They are left out by default: any
+    saved tensor that is, or is a view of, a leaf tensor requiring grad. `include_parameters=True` counts
+    them too. `exclude` leaves out more tensors (a module's parameters and buffers, or a list of tensors),
+    matched by storage. Saved values are kept as detached aliases, so it is for first-order backward
+    (not create_graph=True).
     """
+    if not isinstance(include_parameters, bool):
+        raise TypeError(f"include_parameters must be True or False, got {include_parameters!r}")
     if exclude is None:
         tensors: list[torch.Tensor] = []
     elif isinstance(exclude, nn.Module):
@@ -101,7 +115,7 @@ def saved_tensors_meter(exclude: nn.Module | Iterable[torch.Tensor] | None = Non
         tensors = list(exclude)
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError("exclude must be an nn.Module, an iterable of tensors, or None")
-    meter = SavedTensorsMeter(excluded={_storage_key(t) for t in tensors})
+    meter = SavedTensorsMeter(excluded={_storage_key(t) for t in tensors}, include_parameters=include_parameters)
     with torch.autograd.graph.saved_tensors_hooks(meter._pack, _unpack):
         yield meter
 

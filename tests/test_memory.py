@@ -19,14 +19,40 @@ def test_meter_matches_the_analytic_count_to_the_byte(batch, width, depth):
     assert meter.live_bytes == 0
 
 
-def test_meter_without_exclude_counts_weights_too():
+def test_meter_leaves_weights_out_by_default_and_counts_them_when_asked():
     model = deep_linear_stack(16, 3)
-    x = torch.randn(4, 16, requires_grad=True)  # now every Linear also saves weight.t() for the input grad
-    with saved_tensors_meter() as everything:
+    x = torch.randn(4, 16).requires_grad_()  # now every Linear also saves weight.t() for the input grad
+    with saved_tensors_meter() as default:
         model(x)
-    with saved_tensors_meter(exclude=model) as activations:
+    with saved_tensors_meter(exclude=model) as excluded:
         model(x)
-    assert everything.bytes - activations.bytes == 3 * 16 * 16 * 4
+    with saved_tensors_meter(include_parameters=True) as everything:
+        model(x)
+    assert default.bytes == excluded.bytes
+    assert everything.bytes - default.bytes == 3 * 16 * 16 * 4 + 4 * 16 * 4  # the weights, and x itself (a leaf)
+
+
+def test_meter_leaves_out_a_convolution_weight_saved_as_itself():
+    conv = nn.Conv2d(1, 2, 3)
+    x = torch.randn(1, 1, 5, 5)
+    with saved_tensors_meter() as default:
+        conv(x)
+    with saved_tensors_meter(include_parameters=True) as everything:
+        conv(x)
+    assert default.bytes == x.numel() * 4
+    assert everything.bytes == default.bytes + conv.weight.numel() * 4
+
+
+def test_meter_counts_a_weight_cast_by_autocast():
+    # under autocast the bf16 copy of a weight is a new tensor: real memory, so it is counted
+    model = deep_linear_stack(16, 2)
+    x = torch.randn(4, 16).requires_grad_()
+    with saved_tensors_meter() as meter, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    assert meter.bytes > 0
+    with saved_tensors_meter() as fp32:
+        model(x)
+    assert meter.bytes != fp32.bytes
 
 
 def test_meter_peak_is_one_graph_when_backward_runs_in_between():
@@ -49,6 +75,9 @@ def test_meter_reads_zero_under_no_grad():
 def test_meter_rejects_bad_exclude():
     with pytest.raises(TypeError, match="exclude"):
         with saved_tensors_meter(exclude=[1, 2]):
+            pass
+    with pytest.raises(TypeError, match="include_parameters"):
+        with saved_tensors_meter(include_parameters="yes"):
             pass
 
 
