@@ -107,6 +107,37 @@ def ratio_quartiles(numerator: list[float], denominator: list[float]) -> tuple[f
     return first, third
 
 
+def middle_half(seconds: list[float], *, scale: float = 1e3, digits: int = 3) -> str:
+    """The first to third quartile of repeated timings as text, in ms by default: '0.520-0.550'.
+
+    Print it beside every median: one timing says little on a shared machine, its spread says how far to
+    trust it.
+    """
+    if not seconds:
+        raise ValueError("seconds must not be empty")
+    if len(seconds) == 1:
+        first = third = seconds[0]
+    else:
+        first, _, third = statistics.quantiles(seconds, n=4, method="inclusive")
+    return f"{scale * first:.{digits}f}-{scale * third:.{digits}f}"
+
+
+def compare(name_a: str, seconds_a: list[float], name_b: str, seconds_b: list[float]) -> str:
+    """What one interleaved run showed about a's time against b's, as a sentence built from the measured ratios.
+
+    a counts as faster only when the whole middle half of the per-round ratios a/b lies below 1, slower
+    only when it lies above 1; otherwise the run did not tell them apart. So the text never states a
+    conclusion the run itself did not show.
+    """
+    ratio, (low, high) = median_ratio(seconds_a, seconds_b), ratio_quartiles(seconds_a, seconds_b)
+    measured = f"time ratio {ratio:.2f}, middle half {low:.2f}-{high:.2f}, {len(seconds_a)} rounds"
+    if high < 1:
+        return f"{name_a} was faster than {name_b} ({measured})"
+    if low > 1:
+        return f"{name_a} was slower than {name_b} ({measured})"
+    return f"{name_a} and {name_b} were not told apart: the middle half of the ratios spans 1 ({measured})"
+
+
 def precisions_for(device: torch.device | str) -> list[str]:
     """The precisions worth comparing on `device`: fp32 and bf16, and fp16 on CUDA (where it is fast)."""
     device = torch.device(device)

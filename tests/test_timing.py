@@ -1,6 +1,15 @@
 import pytest
 
-from helpers.timing import format_table, median, median_ratio, ratio_quartiles, time_call, time_interleaved
+from helpers.timing import (
+    compare,
+    format_table,
+    median,
+    median_ratio,
+    middle_half,
+    ratio_quartiles,
+    time_call,
+    time_interleaved,
+)
 
 
 def test_time_call_warms_up_then_times():
@@ -99,3 +108,19 @@ def test_format_table_takes_rows_as_sequences_in_column_order():
     assert as_lists == as_dicts
     with pytest.raises(ValueError, match="row 0 has 1 cells for 2 columns"):
         format_table([["MLP"]], ["case", "ratio"])
+
+
+def test_middle_half_is_the_quartiles_of_the_times_in_ms():
+    assert middle_half([0.001, 0.002, 0.003, 0.004, 0.005]) == "2.000-4.000"
+    assert middle_half([0.5], scale=1, digits=1) == "0.5-0.5"
+    with pytest.raises(ValueError, match="seconds"):
+        middle_half([])
+
+
+def test_compare_states_only_what_the_middle_half_shows():
+    assert compare("a", [1, 1, 1], "b", [2, 2, 2]).startswith("a was faster than b (time ratio 0.50")
+    assert compare("a", [2, 2, 2], "b", [1, 1, 1]).startswith("a was slower than b")
+    # the median ratio is below 1, but the middle half spans 1: no conclusion
+    assert "not told apart" in compare("a", [0.5, 0.9, 1.5], "b", [1, 1, 1])
+    with pytest.raises(ValueError, match="equally long"):
+        compare("a", [1, 2], "b", [1])
