@@ -259,6 +259,8 @@ def fit(
     Evaluation runs only after an epoch's last optimizer step, so no gradients are pending.
     `scheduler_interval` is 'epoch' (step once per epoch) or 'step' (once per optimizer step).
     `on_epoch_end(row)` is called after every epoch with that epoch's row (e.g. to plot it).
+    With `progress` (or `live_plot`) a last line of text gives the final epoch's metrics, which a saved
+    notebook keeps when its progress bars (widgets) are gone.
     """
     device = _check_device(device)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -309,5 +311,9 @@ def fit(
             on_epoch_end(row)
     epoch_bar.close()
     if plot is not None:
-        plot.close()
+        plot.close()  # leaves the final curves as a static image and prints the last epoch's metrics
+    elif progress:  # a progress bar saves as an empty widget: leave the result in text that outlives the kernel
+        last = history[-1]
+        shown = [k for k in ("train_loss", "val_loss", "val_accuracy") if k in last]
+        print(f"fit: {epochs} epoch(s); last epoch " + ", ".join(f"{k} {last[k]:.4g}" for k in shown))
     return history

@@ -64,9 +64,31 @@ class LivePlot:
         if self._image is not None:
             self._image.value = figure_png(self.figure)
 
+    def summary(self) -> str:
+        """One line with the last row's metrics, e.g. 'epoch 5: train_loss 0.1234, test_accuracy 0.9712'."""
+        if not self.rows:
+            return "no rows plotted"
+        last = self.rows[-1]
+        values = ", ".join(f"{m} {last[m]:.4g}" for m in self.metrics if m in last)
+        return f"{self.x} {last.get(self.x, len(self.rows))}: {values}"
+
     def close(self) -> None:
-        """Stop drawing: in Jupyter the last frame stays in the output."""
+        """Stop drawing and leave the result for good: the final figure as a static image and a summary line.
+
+        The live image widget's picture lives only in the running kernel, so a saved or exported notebook
+        (papermill, nbconvert, HTML) would show an empty plot. In Jupyter the widget is closed and the last
+        frame is displayed as an ordinary PNG output, which the .ipynb file keeps; then one line of text
+        with the final metrics is printed (everywhere).
+        """
+        if self._image is not None:
+            from IPython.display import Image, display
+
+            self._image.close()
+            self._image = None
+            if self.rows:
+                display(Image(figure_png(self.figure)))
         plt.close(self.figure)
+        print(self.summary())
 
 
 def figure_png(figure: Figure, dpi: int = 100) -> bytes:

@@ -347,7 +347,7 @@ def test_fit_bad_arguments(digits, kwargs, message):
         )
 
 
-def test_fit_with_live_plot_outside_jupyter(digits):
+def test_fit_with_live_plot_outside_jupyter(digits, capsys):
     model = MLP()
     history = fit(
         model,
@@ -361,6 +361,29 @@ def test_fit_with_live_plot_outside_jupyter(digits):
         progress=True,
     )
     assert len(history) == 2
+    last_line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert (
+        last_line
+        == f"epoch 2: train_loss {history[-1]['train_loss']:.4g}, val_loss {history[-1]['val_loss']:.4g}, "
+        + (f"val_accuracy {history[-1]['val_accuracy']:.4g}")
+    )
+
+
+def test_fit_with_progress_ends_with_a_summary_line(digits, capsys):
+    model = MLP()
+    history = fit(
+        model,
+        make_loader(digits[1], batch_size=128),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        LOSS,
+        device="cpu",
+        epochs=1,
+        progress=True,
+    )
+    assert (
+        capsys.readouterr().out.strip().splitlines()[-1]
+        == f"fit: 1 epoch(s); last epoch train_loss {history[0]['train_loss']:.4g}"
+    )
 
 
 def test_scheduler_does_not_step_when_the_grad_scaler_skips():

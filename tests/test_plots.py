@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
@@ -50,3 +52,38 @@ def test_live_plot_and_charts_draw_without_layout_warnings():
         line_chart([1, 2], {"a": [1, 2]}, xlabel="x", ylabel="y")
         bar_chart({"a": 1.0}, ylabel="y")
         confusion_matrix_plot(np.eye(3, dtype=int), ["a", "b", "c"])
+
+
+def test_live_plot_close_prints_a_summary_of_the_last_row(capsys):
+    plot = LivePlot(["train_loss", "val_accuracy"])
+    plot.update({"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5})
+    plot.update({"epoch": 2, "train_loss": 0.25, "val_accuracy": 0.875})
+    plot.close()
+    assert capsys.readouterr().out.strip() == "epoch 2: train_loss 0.25, val_accuracy 0.875"
+
+
+def test_an_executed_notebook_keeps_the_final_curves_and_summary(tmp_path):
+    """The live widget's picture is lost when the kernel stops; close() leaves a PNG that the file keeps."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = Path(__file__).resolve().parents[1]
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "import sys\n"
+            f"sys.path.insert(0, {str(root)!r})\n"
+            "from helpers.plots import LivePlot\n"
+            "plot = LivePlot(['train_loss', 'val_accuracy'])\n"
+            "for epoch in (1, 2):\n"
+            "    plot.update({'epoch': epoch, 'train_loss': 1 / epoch, 'val_accuracy': 0.5 * epoch})\n"
+            "plot.close()"
+        )
+    ]
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    outputs = notebook.cells[0].outputs
+    pngs = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.data]
+    assert len(pngs) == 1
+    assert "epoch 2: train_loss 0.5, val_accuracy 1" in "".join(o.get("text", "") for o in outputs)
