@@ -13,16 +13,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+# The environment as a named Jupyter kernel, "torch-course (.venv)", which the notebooks ask for by name.
+# It is registered inside .venv (--sys-prefix), so it always points at this environment's Python.
+KERNEL := $(VENV)/share/jupyter/kernels/torch-course/kernel.json
+$(KERNEL): $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name torch-course --display-name "torch-course (.venv)" >/dev/null
+	@echo "registered the Jupyter kernel 'torch-course (.venv)' ($(PY))"
+
+install: $(STAMP) $(KERNEL)
 
 # JupyterLab refuses to start as root (containers, cloud VMs) unless told it is deliberate.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-lab: $(STAMP)
+lab: $(STAMP) $(KERNEL)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
 # ruff (lint and format) and mypy over the package and its tests: the first step of `make test`.
-lint: $(STAMP)
+lint: $(STAMP) $(KERNEL)
 	$(PY) -m ruff check helpers tests conftest.py
 	$(PY) -m ruff format --check helpers tests conftest.py
 	$(PY) -m mypy
@@ -32,7 +39,7 @@ test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The quick check while editing (under a minute on 2 cores): no notebooks, processes, benchmark or browser.
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The performance table: `make bench` (under 10 minutes on 2 cores), `make bench-quick` (under one).

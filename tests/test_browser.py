@@ -342,6 +342,14 @@ def test_a_knob_change_reaches_every_section_below(browser, lab):
             picture.wait_for(state="visible", timeout=30_000)
             assert picture.evaluate("img => img.complete && img.naturalWidth > 100"), "the live plot is not an image"
             assert "Figure size" not in text, "the plot was printed as text instead of drawn"
+            assert "Warning" not in text, f"a warning box under the plot: {text}"
+            assert re.search(rf"^epoch {after}: train_loss", text, re.MULTILINE), f"no summary line: {text}"
+            images = session.cell(loop).locator(".jp-OutputArea img").count()
+            assert images == 1, f"{images} pictures: the live widget should give way to one static figure"
+        with session.step("the notebook runs on the project's named kernel"):
+            with urllib.request.urlopen(f"{lab['url']}/api/sessions", timeout=10) as response:
+                kernels = {s["kernel"]["name"] for s in json.load(response) if s["path"].endswith(TRAINING_NOTEBOOK)}
+            assert kernels == {"torch-course"}, f"the notebook ran on {kernels}, not 'torch-course (.venv)'"
         session.cell(tensorboard).scroll_into_view_if_needed()
         session.screenshot("knob-moved")
     finally:

@@ -1,6 +1,7 @@
 """The project's own files: dependencies in step, notebooks stored clean and well formed."""
 
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -56,7 +57,20 @@ def test_notebook_follows_the_house_layout(path):
     assert any("nbval-ignore-output" in c.metadata.get("tags", []) and "knob_panel" in c.source for c in code), (
         f"{path.name}: needs a knobs cell (knob_panel) tagged nbval-ignore-output"
     )
-    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "torch-course", (
+        f"{path.name}: the notebooks ask for the project's named kernel, 'torch-course (.venv)'"
+    )
+
+
+def test_the_project_environment_is_registered_as_the_named_kernel():
+    """`make lab` / `make test` register .venv as 'torch-course (.venv)'; it must run this very Python."""
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip(f"not running in the project's .venv ({sys.prefix}): the Makefile registers the kernel there")
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("torch-course")
+    assert spec.display_name == "torch-course (.venv)"
+    assert Path(spec.argv[0]).resolve() == Path(sys.executable).resolve()
 
 
 def test_data_folder_explains_itself_and_is_ignored_but_its_readme():
