@@ -93,3 +93,36 @@ def test_every_marker_the_tests_use_is_declared():
         for name in re.findall(r"pytest\.mark\.([A-Za-z_]\w*)", path.read_text())
     }
     assert used - builtin <= declared, f"undeclared markers: {sorted(used - builtin - declared)}"
+
+
+def test_a_notebook_cell_that_prints_a_wall_of_text_fails_the_notebook_run(tmp_path):
+    """The root conftest fails an executed cell whose text output is longer than a screenful."""
+    import shutil
+    import subprocess
+
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("print('x' * 5000)"), nbformat.v4.new_code_cell("print('short')")]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, tmp_path / "wall.ipynb")
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "wall.ipynb",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "1 failed, 1 passed" in run.stdout and "printed 5001 characters of text" in run.stdout
