@@ -107,6 +107,9 @@ def ratio_quartiles(numerator: list[float], denominator: list[float]) -> tuple[f
     return first, third
 
 
+MIN_ROUNDS = 3  # fewer interleaved rounds than this have no middle half worth the name
+
+
 def middle_half(seconds: list[float], *, scale: float = 1e3, digits: int = 3) -> str:
     """The first to third quartile of repeated timings as text, in ms by default: '0.520-0.550'.
 
@@ -126,11 +129,14 @@ def compare(name_a: str, seconds_a: list[float], name_b: str, seconds_b: list[fl
     """What one interleaved run showed about a's time against b's, as a sentence built from the measured ratios.
 
     a counts as faster only when the whole middle half of the per-round ratios a/b lies below 1, slower
-    only when it lies above 1; otherwise the run did not tell them apart. So the text never states a
+    only when it lies above 1, and only from at least MIN_ROUNDS rounds; otherwise the run did not tell
+    them apart. So the text never states a
     conclusion the run itself did not show.
     """
     ratio, (low, high) = median_ratio(seconds_a, seconds_b), ratio_quartiles(seconds_a, seconds_b)
     measured = f"time ratio {ratio:.2f}, middle half {low:.2f}-{high:.2f}, {len(seconds_a)} rounds"
+    if len(seconds_a) < MIN_ROUNDS:
+        return f"{name_a} and {name_b} were not told apart: too few rounds to judge ({measured})"
     if high < 1:
         return f"{name_a} was faster than {name_b} ({measured})"
     if low > 1:

@@ -124,3 +124,5 @@ def test_compare_states_only_what_the_middle_half_shows():
     assert "not told apart" in compare("a", [0.5, 0.9, 1.5], "b", [1, 1, 1])
     with pytest.raises(ValueError, match="equally long"):
         compare("a", [1, 2], "b", [1])
+    # one or two rounds are too few, however clear they look
+    assert "too few rounds" in compare("a", [1], "b", [2]) and "too few rounds" in compare("a", [1, 1], "b", [2, 2])
