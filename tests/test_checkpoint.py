@@ -33,7 +33,7 @@ from helpers.cli.resume import train
 from helpers.models import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = {"steps": 120, "save_every": 10, "seed": 3}  # 43 steps per epoch (1347 samples, batch 32)
+RUN = {"steps": 120, "save_every": 10, "seed": 3}  # 36 steps per epoch (1145 samples after validation split)
 CLI = [sys.executable, "-m", "helpers.cli.resume"]
 
 
@@ -527,13 +527,13 @@ def _assert_same_final_state(folder: Path, straight: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop_after, where", [(43, "epoch boundary"), (50, "mid-epoch")])
+@pytest.mark.parametrize("stop_after, where", [(36, "epoch boundary"), (50, "mid-epoch")])
 def test_resume_in_a_fresh_process_is_bit_identical(tmp_path, straight_run, one_thread, stop_after, where):
     first = train(tmp_path, stop_after=stop_after, **RUN)
     assert first["steps_done"] == stop_after
     sampler_state = read_checkpoint(first["manager"].latest())["extra"]["sampler"]
     assert sampler_state == (
-        {"epoch": 1, "offset": 0} if where == "epoch boundary" else {"epoch": 1, "offset": (stop_after - 43) * 32}
+        {"epoch": 1, "offset": 0} if where == "epoch boundary" else {"epoch": 1, "offset": (stop_after - 36) * 32}
     )
     del first  # nothing of the first part survives except the files
     done = subprocess.run([*CLI, *_cli(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)

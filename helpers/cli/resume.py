@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, random_split
 
 from helpers.checkpoint import CheckpointManager, ResumableSampler, load_checkpoint
 from helpers.data import DigitsDataset
@@ -36,6 +36,8 @@ def train(
 ) -> dict:
     """Train the digits MLP for `steps` AdamW steps on CPU, checkpointing into `folder`; resume if it holds one.
 
+    It trains on 85% of the training digits and scores every checkpoint on the other 15% (validation).
+
     Saves every `save_every` steps and at the end (or at `stop_after`, then returns, as if stopped there).
     """
     for name, value in (
@@ -48,8 +50,12 @@ def train(
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if stop_after is not None and stop_after > steps:
         raise ValueError(f"stop_after must be at most steps={steps}, got {stop_after}")
+    # The training digits, split once by the seed: a part to train on and a validation part that scores each
+    # checkpoint (and picks the best). The test split is never looked at here.
+    dataset, val_part = random_split(
+        DigitsDataset("train"), [0.85, 0.15], generator=torch.Generator().manual_seed(seed)
+    )
     seed_everything(seed)  # python, numpy and torch: the weights below, then the dropout masks
-    dataset = DigitsDataset("train")
     model = MLP(64, (64, 64), 10, dropout=dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
@@ -59,7 +65,7 @@ def train(
     # a resumed run would then get other dropout masks than one that never stopped.
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator)
-    val_loader = DataLoader(DigitsDataset("test"), batch_size=256, generator=torch.Generator())
+    val_loader = DataLoader(val_part, batch_size=256, generator=torch.Generator())
     manager = CheckpointManager(folder, keep_last=2, mode="min")
     step, consumed, resumed_from = 0, 0, None
     latest = manager.latest()
