@@ -1,5 +1,5 @@
 """The course models (a small MLP, a small CNN, a deep Linear stack for memory lessons) and their optimizers:
-one chosen by name, parameter groups with their own learning rates, frozen layers."""
+one chosen by name, parameter groups with their own learning rates, frozen layers; torchvision's pretrained weights."""
 
 from __future__ import annotations
 
@@ -195,3 +195,38 @@ def group_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     return [group["lr"] for group in optimizer.param_groups]
+
+
+def load_pretrained(name: str = "resnet18") -> nn.Module:
+    """The torchvision model `name` with its default pretrained weights, downloaded once into the torch hub cache.
+
+    Online, the first call downloads the weights into `torch.hub.get_dir()/checkpoints`; later calls read them
+    from there. Offline with no cached file it raises ConnectionError naming the file, the cache folder and what
+    to do (connect, or copy the file there).
+    """
+    import pickle
+    from pathlib import Path
+    from urllib.error import URLError
+    from urllib.parse import urlparse
+
+    from torchvision import models
+
+    if not isinstance(name, str) or name not in models.list_models():
+        raise ValueError(f"name must be a torchvision model name such as 'resnet18', got {name!r}")
+    weights = models.get_model_weights(name).DEFAULT
+    cache = Path(torch.hub.get_dir()) / "checkpoints"
+    cached = cache / Path(urlparse(weights.url).path).name
+    try:
+        return models.get_model(name, weights=weights)
+    except (URLError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:  # offline, or a bad file
+        if cached.exists():
+            raise RuntimeError(
+                f"the cached weights {cached} could not be loaded ({type(error).__name__}: {error}); "
+                "delete the file and run again to download it anew"
+            ) from error
+        raise ConnectionError(
+            f"could not download the pretrained weights for {name} from {weights.url} "
+            f"({type(error).__name__}: {error}). They would be cached as {cached} (torch.hub.get_dir() is "
+            f"{torch.hub.get_dir()}). Connect to the internet and run again, or copy {cached.name} into {cache} "
+            "from a machine that has it."
+        ) from error

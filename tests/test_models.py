@@ -10,6 +10,7 @@ from helpers.models import (
     deep_linear_stack,
     freeze,
     group_lrs,
+    load_pretrained,
     make_optimizer,
     optimizer_names,
     parameter_groups,
@@ -177,3 +178,54 @@ def test_group_lrs_and_type_errors():
         group_lrs("sgd")
     with pytest.raises(TypeError, match="model"):
         parameter_groups("model", {"1": 0.1})
+
+
+@pytest.fixture
+def hub_dir(tmp_path, monkeypatch):
+    """An empty torch hub cache in tmp_path, with downloads failing as they do offline; restored afterwards."""
+    from urllib.error import URLError
+
+    def no_network(url, *args, **kwargs):
+        raise URLError("no network in the unit tests")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path))
+    yield tmp_path
+    torch.hub.set_dir(previous)
+
+
+def test_load_pretrained_offline_says_what_failed_where_and_what_to_do(hub_dir):
+    with pytest.raises(ConnectionError) as error:
+        load_pretrained("resnet18")
+    message = str(error.value)
+    assert "resnet18-f37072fd.pth" in message and "download.pytorch.org" in message
+    assert str(hub_dir / "checkpoints") in message and "Connect" in message and "copy" in message
+    assert isinstance(error.value.__cause__, OSError)
+
+
+def test_load_pretrained_reads_a_cached_file_without_the_network(hub_dir):
+    from torchvision.models import ResNet18_Weights, resnet18
+
+    torch.manual_seed(0)
+    state = resnet18().state_dict()
+    (hub_dir / "checkpoints").mkdir()
+    torch.save(state, hub_dir / "checkpoints" / ResNet18_Weights.DEFAULT.url.rsplit("/", 1)[-1])
+    model = load_pretrained("resnet18")
+    assert all(torch.equal(value, state[key]) for key, value in model.state_dict().items())
+
+
+def test_load_pretrained_a_broken_cached_file_is_named(hub_dir):
+    from torchvision.models import ResNet18_Weights
+
+    (hub_dir / "checkpoints").mkdir()
+    broken = hub_dir / "checkpoints" / ResNet18_Weights.DEFAULT.url.rsplit("/", 1)[-1]
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="delete the file"):
+        load_pretrained("resnet18")
+
+
+@pytest.mark.parametrize("name", ["resnet", "", None])
+def test_load_pretrained_unknown_name(name):
+    with pytest.raises(ValueError, match="torchvision model name"):
+        load_pretrained(name)
