@@ -49,6 +49,43 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return device
 
 
+# The performance lessons' default sizes, by device. On a 2-core CPU: small, so a notebook runs in about a
+# minute. On a CUDA GPU: the sizes where the technique's effect is real (tensor cores busy enough for AMP to
+# pay off; activations well above weights + gradients, so checkpointing moves the allocator's peak), yet
+# within a few GiB of GPU memory. The benchmark (helpers.cli.bench) uses the same.
+LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
+    "mixed_precision": {
+        "WIDTH": {"cpu": 256, "cuda": 4096},
+        "DEPTH": {"cpu": 2, "cuda": 8},
+        "BATCH_SIZE": {"cpu": 64, "cuda": 1024},
+    },
+    "checkpointing": {
+        "DEPTH": {"cpu": 100, "cuda": 32},
+        "WIDTH": {"cpu": 128, "cuda": 1024},
+        "BATCH_SIZE": {"cpu": 32, "cuda": 4096},
+    },
+    "inference": {"MAX_BATCH_SIZE": {"cpu": 256, "cuda": 4096}},
+}
+
+
+def sizes_for(lesson: str, device: torch.device | str) -> dict[str, int]:
+    """A lesson's default sizes on `device`: the CUDA sizes on a CUDA device, the CPU sizes elsewhere (mps too)."""
+    if lesson not in LESSON_SIZES:
+        raise ValueError(f"lesson must be one of {sorted(LESSON_SIZES)}, got {lesson!r}")
+    kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    return {name: by_kind[kind] for name, by_kind in LESSON_SIZES[lesson].items()}
+
+
+def fill_sizes(namespace: dict, lesson: str, device: torch.device | str) -> dict[str, int]:
+    """Set each of the lesson's parameters that is None in `namespace` (a notebook's globals()) to its size on
+    `device`; return the ones it set. A parameter given a value keeps it."""
+    chosen = {}
+    for name, size in sizes_for(lesson, device).items():
+        if namespace.get(name) is None:
+            namespace[name] = chosen[name] = size
+    return chosen
+
+
 def seed_everything(seed: int) -> torch.Generator:
     """Seed python, numpy and torch (CPU and CUDA); return a torch.Generator for DataLoaders."""
     if isinstance(seed, bool) or not isinstance(seed, int):

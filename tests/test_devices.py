@@ -125,3 +125,25 @@ def test_num_threads_rejects_bad_counts_before_changing_anything(bad):
         with num_threads(bad):
             pass
     assert torch.get_num_threads() == before
+
+
+def test_sizes_for_picks_cuda_sizes_only_on_cuda():
+    from helpers.devices import LESSON_SIZES, sizes_for
+
+    for lesson, sizes in LESSON_SIZES.items():
+        assert sizes_for(lesson, "cpu") == {name: by_kind["cpu"] for name, by_kind in sizes.items()}
+        assert sizes_for(lesson, torch.device("cuda")) == {name: by_kind["cuda"] for name, by_kind in sizes.items()}
+        assert sizes_for(lesson, "meta") == sizes_for(lesson, "cpu")  # any other device gets the small sizes
+    with pytest.raises(ValueError, match="lesson must be one of"):
+        sizes_for("amp", "cpu")
+
+
+def test_fill_sizes_fills_only_the_parameters_left_at_none():
+    from helpers.devices import fill_sizes, sizes_for
+
+    namespace = {"WIDTH": None, "DEPTH": 3, "BATCH_SIZE": None, "SEED": 0}
+    chosen = fill_sizes(namespace, "mixed_precision", "cpu")
+    expected = sizes_for("mixed_precision", "cpu")
+    assert chosen == {"WIDTH": expected["WIDTH"], "BATCH_SIZE": expected["BATCH_SIZE"]}
+    assert namespace == {"WIDTH": expected["WIDTH"], "DEPTH": 3, "BATCH_SIZE": expected["BATCH_SIZE"], "SEED": 0}
+    assert fill_sizes(namespace, "mixed_precision", "cpu") == {}  # a second run (the knobs' Run) changes nothing
