@@ -57,12 +57,12 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
     "mixed_precision": {
         "WIDTH": {"cpu": 256, "cuda": 4096},
         "DEPTH": {"cpu": 2, "cuda": 8},
-        "BATCH_SIZE": {"cpu": 64, "cuda": 1024},
+        "BATCH_SIZE": {"cpu": 64, "cuda": 16384},
     },
     "checkpointing": {
         "DEPTH": {"cpu": 100, "cuda": 32},
         "WIDTH": {"cpu": 128, "cuda": 1024},
-        "BATCH_SIZE": {"cpu": 32, "cuda": 4096},
+        "BATCH_SIZE": {"cpu": 32, "cuda": 8192},
     },
     "inference": {"MAX_BATCH_SIZE": {"cpu": 256, "cuda": 4096}},
 }

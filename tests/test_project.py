@@ -126,3 +126,26 @@ def test_a_notebook_cell_that_prints_a_wall_of_text_fails_the_notebook_run(tmp_p
     )
     assert run.returncode == 1, run.stdout[-2000:]
     assert "1 failed, 1 passed" in run.stdout and "printed 5001 characters of text" in run.stdout
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
+    """A notebook that fills sizes by device leaves them None in its parameters cell and says both sizes there."""
+    from helpers.devices import LESSON_SIZES
+
+    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    lessons = re.findall(r'fill_sizes\(globals\(\), "(\w+)"', code[1].source)
+    expected = {"04": ["mixed_precision"], "06": ["checkpointing"], "07": ["inference"]}.get(path.name[:2], [])
+    assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
+    parameters = {
+        line.split("=")[0].strip(): line
+        for line in code[0].source.splitlines()
+        if re.match(r"^[A-Z][A-Z0-9_]* = ", line)
+    }
+    for lesson in lessons:
+        for name, sizes in LESSON_SIZES[lesson].items():
+            line = parameters.get(name, "")
+            assert re.match(rf"^{name} = None\b", line), f"{path.name}: {name} must default to None (chosen by device)"
+            assert f"{sizes['cpu']} on CPU" in line and f"{sizes['cuda']} on CUDA" in line, (
+                f"{path.name}: the comment on {name} must state its sizes, {sizes['cpu']} on CPU and {sizes['cuda']} on CUDA"
+            )
