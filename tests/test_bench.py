@@ -53,6 +53,42 @@ def test_mixed_precision_rows_on_cpu():
     assert rows[1]["memory ratio"] < 1.0
 
 
+def test_section_sizes_on_cuda_come_from_the_lessons_sizes():
+    from helpers.devices import sizes_for
+
+    def lower(sizes):  # WIDTH, DEPTH, BATCH_SIZE -> width, depth, batch
+        return {name.lower().removesuffix("_size"): size for name, size in sizes.items()}
+
+    for quick in (True, False):
+        sizes = bench.section_sizes(torch.device("cuda"), quick)  # only chooses: no CUDA needed
+        assert sizes["checkpointing"] == lower(sizes_for("checkpointing", "cuda"))
+        assert sizes["mixed_precision"] == lower(sizes_for("mixed_precision", "cuda"))
+    assert bench.section_sizes("cuda:1", True) == bench.section_sizes(torch.device("cuda"), True)
+
+
+def test_section_sizes_on_cpu_stay_the_benchs_small_ones():
+    quick, full = bench.section_sizes(torch.device("cpu"), True), bench.section_sizes(torch.device("cpu"), False)
+    assert quick == {"checkpointing": {"width": 256, "depth": 20, "batch": 128}, "mixed_precision": {"batch": 64}}
+    assert full == {"checkpointing": {"width": 1024, "depth": 20, "batch": 256}, "mixed_precision": {"batch": 256}}
+    assert bench.section_sizes("mps", True) == quick
+
+
+def test_cuda_step_peak_resets_after_a_warm_up_step_and_reads_the_peak_after_the_measured_one(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
+    monkeypatch.setattr(bench.torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(bench.torch.cuda, "max_memory_allocated", lambda device=None: calls.append("peak") or 123)
+    assert bench.cuda_step_peak(lambda: calls.append("step"), torch.device("cuda")) == 123
+    assert calls == ["step", "synchronize", "reset", "step", "synchronize", "peak"]
+
+
+@pytest.mark.slow
+def test_mixed_precision_rows_for_an_mlp_on_cpu():
+    rows = bench.mixed_precision(torch.device("cpu"), batch=4, repeat=1, width=16, depth=2)
+    assert [row["precision"] for row in rows] == ["fp32", "bf16"]
+    assert rows[0]["saved bytes"] > 0 and "CUDA peak" not in rows[0]
+
+
 def test_precisions_for():
     from helpers.timing import precisions_for
 

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
-from helpers.devices import cpu_name, keep_freed_memory, num_threads, seed_everything
+from helpers.devices import cpu_name, keep_freed_memory, num_threads, seed_everything, sizes_for
 from helpers.loop import autocast_context, train_epoch
-from helpers.memory import format_bytes, peak_memory, saved_tensors_meter
+from helpers.memory import format_bytes, saved_tensors_meter
 from helpers.models import MLP, SmallCNN, deep_linear_stack
 from helpers.timing import format_table, median, median_ratio, ratio_quartiles, time_interleaved
 
@@ -70,6 +70,37 @@ def machine_line(info: dict) -> str:
         f"[{info['cpu']}, {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}, "
         f"device {info['device']}{gpu}{malloc}]"
     )
+
+
+def section_sizes(device: torch.device | str, quick: bool) -> dict[str, dict[str, int]]:
+    """The model sizes of the checkpointing and mixed-precision sections on `device`.
+
+    On CUDA, the lessons' GPU sizes (`helpers.devices.sizes_for`, as notebooks 04 and 06 use them): the
+    deep Linear stack, and an MLP of `depth` hidden layers of `width` on synthetic inputs, large enough for
+    tensor cores and for the allocator's peak to show the effect. Elsewhere the CPU bench's own small sizes
+    (the SmallCNN on 28x28 images for mixed precision), which keep `--quick` at about a minute.
+    """
+    if torch.device(device).type == "cuda":
+        stack, mlp = sizes_for("checkpointing", device), sizes_for("mixed_precision", device)
+        return {
+            "checkpointing": {"width": stack["WIDTH"], "depth": stack["DEPTH"], "batch": stack["BATCH_SIZE"]},
+            "mixed_precision": {"width": mlp["WIDTH"], "depth": mlp["DEPTH"], "batch": mlp["BATCH_SIZE"]},
+        }
+    return {
+        "checkpointing": dict(width=256, depth=20, batch=128) if quick else dict(width=1024, depth=20, batch=256),
+        "mixed_precision": {"batch": 64 if quick else 256},
+    }
+
+
+def cuda_step_peak(step: Callable[[], None], device: torch.device) -> int:
+    """Bytes at the CUDA allocator's peak during one call of `step`, measured after one warm-up call
+    (so cuBLAS workspaces and other lazily made state are already in place and counted as the baseline)."""
+    step()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
 
 
 # ---------------------------------------------------------------- section 1: loop overhead
@@ -269,28 +300,39 @@ def activation_checkpointing(
             "step ms": 1e3 * median(seconds[count]),
         }
         if device.type == "cuda":
-            with peak_memory(device) as peak:
-                step(count)
-            row["CUDA peak"] = peak.bytes
+            row["CUDA peak"] = cuda_step_peak(steps[count], device)
         rows.append(row)
     base = rows[0]
     for row in rows:
         row["memory ratio"] = row["saved after forward"] / base["saved after forward"]
         row["time ratio"] = median_ratio(seconds[int(row["segments"])], seconds[int(base["segments"])])
+        if device.type == "cuda":
+            row["peak ratio"] = row["CUDA peak"] / base["CUDA peak"]
     return rows
 
 
 # ---------------------------------------------------------------- section 4: mixed precision
 
 
-def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[dict]:
-    """Step time and saved-activation bytes, fp32 against bf16 (and fp16 with GradScaler on CUDA)."""
+def mixed_precision(
+    device: torch.device, *, batch: int, repeat: int, width: int | None = None, depth: int | None = None
+) -> list[dict]:
+    """Step time and saved-activation bytes, fp32 against bf16 (and fp16 with GradScaler on CUDA).
+
+    The model is the SmallCNN on 28x28 images, or, given `width` and `depth`, an MLP of `depth` hidden layers
+    of `width` on 8x8 inputs (64 features, as in notebook 04); the inputs are random either way. On CUDA each
+    precision's row also has the allocator's peak in one forward and backward pass.
+    """
     from helpers.timing import precisions_for, time_training_steps
 
     precisions = precisions_for(device)
     seed_everything(0)
-    model = SmallCNN(channels=32).to(device)
-    inputs = torch.rand(batch, 1, 28, 28, device=device)
+    if width is None or depth is None:
+        model: nn.Module = SmallCNN(channels=32).to(device)
+        inputs = torch.rand(batch, 1, 28, 28, device=device)
+    else:
+        model = MLP(64, (width,) * depth, 10).to(device)
+        inputs = torch.randn(batch, 64, device=device)
     targets = torch.randint(0, 10, (batch,), device=device)
     seconds = time_training_steps(model, inputs, targets, precisions=precisions, device=device, repeat=repeat, warmup=2)
     rows: list[dict[str, Any]] = []
@@ -304,15 +346,21 @@ def mixed_precision(device: torch.device, *, batch: int, repeat: int) -> list[di
             "saved bytes": meter.bytes,
             "time ratio": median_ratio(seconds[name], seconds["fp32"]),
         }
-        if device.type == "cuda":
-            with peak_memory(device) as peak, autocast_context(device, amp):
-                LOSS(model(inputs), targets).backward()
-            model.zero_grad(set_to_none=True)
-            row["CUDA peak"] = peak.bytes
         del loss
+        if device.type == "cuda":
+
+            def step(amp: str | None = amp) -> None:
+                with autocast_context(device, amp):
+                    step_loss = LOSS(model(inputs), targets)
+                step_loss.backward()
+                model.zero_grad(set_to_none=True)
+
+            row["CUDA peak"] = cuda_step_peak(step, device)
         rows.append(row)
     for row in rows:
         row["memory ratio"] = row["saved bytes"] / rows[0]["saved bytes"]
+        if device.type == "cuda":
+            row["peak ratio"] = row["CUDA peak"] / rows[0]["CUDA peak"]
     return rows
 
 
@@ -391,7 +439,13 @@ def notebook_suite() -> list[dict]:
 
 def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[], list[dict]], list[str]]]:
     repeat = 12 if quick else 40
-    sizes = dict(width=256, depth=20, batch=128) if quick else dict(width=1024, depth=20, batch=256)
+    sizes = section_sizes(device, quick)
+    stack, precision = sizes["checkpointing"], sizes["mixed_precision"]
+    cuda_peak = ["CUDA peak", "peak ratio"] if device.type == "cuda" else []
+    if "width" in precision:
+        precision_model = f"MLP, {precision['depth']} x {precision['width']}, batch {precision['batch']}"
+    else:
+        precision_model = f"SmallCNN, 28x28, batch {precision['batch']}"
     return [
         (
             "1. Loop overhead (helpers.loop.train_epoch vs the hand-written loop)",
@@ -406,16 +460,22 @@ def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[],
             ["batch", "workers", "pin_memory", "persistent", "samples/s", "last epoch start (ms)"],
         ),
         (
-            "3. Activation checkpointing (deep Linear stack)",
-            lambda: activation_checkpointing(device, segments=(0, 2, 5, 10), repeat=max(3, repeat // 4), **sizes),
-            ["segments", "saved after forward", "peak saved in step", "memory ratio", "step ms", "time ratio"]
-            + (["CUDA peak"] if device.type == "cuda" else []),
+            f"3. Activation checkpointing (deep Linear stack, {stack['depth']} x {stack['width']}, batch {stack['batch']})",
+            lambda: activation_checkpointing(device, segments=(0, 2, 5, 10), repeat=max(3, repeat // 4), **stack),
+            [
+                "segments",
+                "saved after forward",
+                "peak saved in step",
+                "memory ratio",
+                "step ms",
+                "time ratio",
+                *cuda_peak,
+            ],
         ),
         (
-            "4. Mixed precision (SmallCNN, 28x28)",
-            lambda: mixed_precision(device, batch=64 if quick else 256, repeat=max(3, repeat // 2)),
-            ["precision", "step ms", "time ratio", "saved bytes", "memory ratio"]
-            + (["CUDA peak"] if device.type == "cuda" else []),
+            f"4. Mixed precision ({precision_model})",
+            lambda: mixed_precision(device, repeat=max(3, repeat // 2), **precision),
+            ["precision", "step ms", "time ratio", "saved bytes", "memory ratio", *cuda_peak],
         ),
         (
             "5. Inference (SmallCNN, 28x28)",
@@ -476,9 +536,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.quick or args.skip_notebooks:
         print("\n6. Notebook suite: skipped (run without --quick, or see `make test`'s durations)")
 
-    loop_rows = results["sections"][next(t for t in results["sections"] if t.startswith("1."))]
-    checkpoint_rows = results["sections"][next(t for t in results["sections"] if t.startswith("3."))]
-    precision_rows = results["sections"][next(t for t in results["sections"] if t.startswith("4."))]
+    def section_rows(number: str) -> list[dict]:  # a section's rows on every device (titles name each one's sizes)
+        return [row for title, rows in results["sections"].items() if title.startswith(number) for row in rows]
+
+    loop_rows, checkpoint_rows, precision_rows = section_rows("1."), section_rows("3."), section_rows("4.")
     worst = min(row["ratio"] for row in loop_rows)
     results["summary"] = {"loop_ratio_min": worst}
     Path(args.json).write_text(json.dumps(results, indent=1, default=str))
@@ -492,6 +553,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"{ten['time ratio']:.3f}x the step time"
     )
     print(f"  bf16 autocast: {bf16['memory ratio']:.3f}x the saved bytes, {bf16['time ratio']:.3f}x the step time")
+    if "peak ratio" in ten and "peak ratio" in bf16:
+        print(
+            f"  CUDA allocator peak: {ten['peak ratio']:.3f}x with {ten['segments']} checkpoint segments, "
+            f"{bf16['peak ratio']:.3f}x with bf16 autocast"
+        )
     print(f"  figures written to {args.json}")
     print(f"loop throughput ratio (helpers/hand-written): {worst:.3f}")
     return results
