@@ -22,12 +22,16 @@ def pytest_collection_modifyitems(items):
 
 def cell_text_length(outputs) -> int:
     """Characters of text a cell showed: streams, and the text/plain of results and displays (not images)."""
+
+    def text(value) -> str:  # a string from a kernel message, a list of lines in a stored .ipynb
+        return "".join(value) if isinstance(value, list) else str(value)
+
     total = 0
     for output in outputs or []:
         if output.get("output_type") == "stream":
-            total += len(output.get("text", ""))
+            total += len(text(output.get("text", "")))
         elif "data" in output:
-            total += len(output["data"].get("text/plain", ""))
+            total += len(text(output["data"].get("text/plain", "")))
     return total
 
 
