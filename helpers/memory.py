@@ -149,6 +149,7 @@ class PeakMemory:
     device: torch.device
     kind: str
     bytes: int = 0
+    start_bytes: int = 0  # CUDA: allocated when the block began, so `bytes - start_bytes` is the block's own peak
 
 
 def _rss_high_water() -> int:
@@ -180,6 +181,7 @@ def peak_memory(device: torch.device | str) -> Iterator[PeakMemory]:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         result = PeakMemory(device, "CUDA allocator peak (torch.cuda.max_memory_allocated)")
+        result.start_bytes = torch.cuda.memory_allocated(device)
         yield result
         torch.cuda.synchronize(device)
         result.bytes = torch.cuda.max_memory_allocated(device)

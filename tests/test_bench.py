@@ -77,9 +77,10 @@ def test_cuda_step_peak_resets_after_a_warm_up_step_and_reads_the_peak_after_the
     calls = []
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
     monkeypatch.setattr(bench.torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(bench.torch.cuda, "memory_allocated", lambda device=None: calls.append("allocated") or 100)
     monkeypatch.setattr(bench.torch.cuda, "max_memory_allocated", lambda device=None: calls.append("peak") or 123)
     assert bench.cuda_step_peak(lambda: calls.append("step"), torch.device("cuda")) == 123
-    assert calls == ["step", "synchronize", "reset", "step", "synchronize", "peak"]
+    assert calls == ["step", "synchronize", "reset", "allocated", "step", "synchronize", "peak"]
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from torch import nn
 from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
 from helpers.devices import cpu_name, keep_freed_memory, num_threads, seed_everything, sizes_for
 from helpers.loop import autocast_context, train_epoch
-from helpers.memory import format_bytes, saved_tensors_meter
+from helpers.memory import format_bytes, peak_memory, saved_tensors_meter
 from helpers.models import MLP, SmallCNN, deep_linear_stack
 from helpers.timing import format_table, median, median_ratio, ratio_quartiles, time_interleaved
 
@@ -96,11 +96,9 @@ def cuda_step_peak(step: Callable[[], None], device: torch.device) -> int:
     """Bytes at the CUDA allocator's peak during one call of `step`, measured after one warm-up call
     (so cuBLAS workspaces and other lazily made state are already in place and counted as the baseline)."""
     step()
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device)
+    with peak_memory(device) as peak:
+        step()
+    return peak.bytes
 
 
 # ---------------------------------------------------------------- section 1: loop overhead
