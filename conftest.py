@@ -1,15 +1,21 @@
-"""Shared by the unit tests and the notebook run: plots draw off-screen, executed notebooks count as slow, and
-no notebook cell prints a wall of text."""
+"""Shared by the unit tests and the notebook run: plots draw off-screen, executed notebooks count as slow, each
+notebook's exercise check runs on the reference solution while the learner's stub is in place, no notebook cell
+prints a wall of text, and every ✓ line is short."""
 
 import os
 
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The notebooks are stored with the learner's stubs; their kernels inherit this, so each exercise's check cell
+# runs the reference solution through the same check (helpers/exercises/__init__.py).
+os.environ.setdefault("COURSE_EXERCISES", "reference")
 
 # A cell's text output (printed text and the text of displayed results) stays readable at a glance: a short
 # table, a summary line, a plot. Beyond this it is a wall a learner scrolls past, or a saved notebook bloats.
 MAX_CELL_TEXT = 3000
+# A check cell ends with one line saying what it showed, read at a glance: "✓ ..." of at most this many characters.
+MAX_TICK_LINE = 120
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be on the item by then
@@ -20,19 +26,30 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
-def cell_text_length(outputs) -> int:
-    """Characters of text a cell showed: streams, and the text/plain of results and displays (not images)."""
+def cell_texts(outputs) -> list[str]:
+    """The text a cell showed: streams, and the text/plain of results and displays (not images)."""
 
     def text(value) -> str:  # a string from a kernel message, a list of lines in a stored .ipynb
         return "".join(value) if isinstance(value, list) else str(value)
 
-    total = 0
+    texts = []
     for output in outputs or []:
         if output.get("output_type") == "stream":
-            total += len(text(output.get("text", "")))
+            texts.append(text(output.get("text", "")))
         elif "data" in output:
-            total += len(text(output["data"].get("text/plain", "")))
-    return total
+            texts.append(text(output["data"].get("text/plain", "")))
+    return texts
+
+
+def cell_text_length(outputs) -> int:
+    """Characters of text a cell showed."""
+    return sum(len(text) for text in cell_texts(outputs))
+
+
+def long_tick_lines(outputs) -> list[str]:
+    """The "✓ ..." lines a cell printed that are longer than MAX_TICK_LINE."""
+    lines = [line.strip() for text in cell_texts(outputs) for line in text.splitlines()]
+    return [line for line in lines if line.startswith("✓") and len(line) > MAX_TICK_LINE]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -46,5 +63,11 @@ def pytest_runtest_call(item):
             raise AssertionError(
                 f"{item.name} printed {length} characters of text (limit {MAX_CELL_TEXT}): show a table, a "
                 f"summary line or a plot instead. It began: {str(outputs)[:300]}"
+            )
+        too_long = long_tick_lines(outputs)
+        if too_long:
+            raise AssertionError(
+                f"{item.name} printed a ✓ line of {len(too_long[0])} characters (limit {MAX_TICK_LINE}): say what was "
+                f"shown in one short line, and print the evidence above it: {too_long[0]}"
             )
     return result

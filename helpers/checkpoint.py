@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.utils.data import Sampler
 
+from .checks import check_int
+
 FORMAT = "helpers.checkpoint/2"  # 2: python and numpy RNG states stored as tuples, no best_metric
 _SAFE_LEAVES = (str, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
 _TEMP_MARK = ".tmp-"
@@ -94,9 +96,8 @@ class ResumableSampler(Sampler[int]):
     """
 
     def __init__(self, num_samples: int, *, seed: int = 0) -> None:
-        for name, value, low in (("num_samples", num_samples, 1), ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int("num_samples", num_samples)
+        check_int("seed", seed, minimum=0)
         self.num_samples, self.seed = num_samples, seed
         self.epoch = -1  # the epoch being iterated (-1: none yet)
         self._next = (0, 0)  # (epoch, offset) where the next iteration starts
@@ -112,8 +113,7 @@ class ResumableSampler(Sampler[int]):
 
     def state_dict(self, consumed: int) -> dict:
         """Where to restart: this epoch, `consumed` samples in (the next epoch once all are consumed)."""
-        if isinstance(consumed, bool) or not isinstance(consumed, int) or not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"consumed must be an int in [0, {self.num_samples}], got {consumed!r}")
+        check_int("consumed", consumed, minimum=0, maximum=self.num_samples)
         if self.epoch < 0 or consumed == self.num_samples:
             return {"epoch": self.epoch + 1, "offset": 0}
         return {"epoch": self.epoch, "offset": consumed}
@@ -186,9 +186,8 @@ def save_checkpoint(
     The model is unwrapped first (no `module.` / `_orig_mod.` prefixes). `extra` must hold plain values
     (tensors, numbers, strings, lists, dicts) so the file still loads with weights_only=True.
     """
-    for name, value in (("epoch", epoch), ("step", step)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    check_int("epoch", epoch, minimum=0)
+    check_int("step", step, minimum=0)
     if metric is not None and (isinstance(metric, bool) or not isinstance(metric, (int, float)) or math.isnan(metric)):
         raise ValueError(f"metric must be a number (not NaN) or None, got {metric!r}")
     _check_plain(extra or {}, "extra")
@@ -322,8 +321,7 @@ class CheckpointManager:
     """
 
     def __init__(self, folder: str | Path, *, keep_last: int = 3, mode: str = "min") -> None:
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-            raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
+        check_int("keep_last", keep_last)
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' (lower metric is better) or 'max', got {mode!r}")
         self.folder, self.keep_last, self.mode = Path(folder), keep_last, mode

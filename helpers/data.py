@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .checks import check_int
+
 SPLITS = ("train", "test")
 RNG_SOURCES = ("torch", "numpy", "random", "generator")
 
@@ -26,11 +28,6 @@ class SizedDataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Any: ...
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _check_split(split: str) -> None:
@@ -60,7 +57,7 @@ class DigitsDataset(Dataset):
         from sklearn.model_selection import train_test_split
 
         _check_split(split)
-        _check_int("size", size, 8)
+        check_int("size", size, minimum=8)
         digits = load_digits()
         indices = np.arange(len(digits.target))
         train, test = train_test_split(indices, test_size=0.25, random_state=0, stratify=digits.target)
@@ -182,8 +179,7 @@ def make_loader(
 
     `options` (pin_memory, persistent_workers, prefetch_factor, collate_fn, ...) go to the DataLoader as they are.
     """
-    if seed is not None:
-        _check_int("seed", seed, 0)
+    check_int("seed", seed, minimum=0, allow_none=True)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     worker_init_fn = seed_worker if num_workers > 0 else None
     return DataLoader(
@@ -214,7 +210,7 @@ class VariableLengthSequences(Dataset):
             ("seed", seed, 0),
             ("max_length", max_length, min_length),
         ):
-            _check_int(name, value, minimum)
+            check_int(name, value, minimum=minimum)
         generator = torch.Generator().manual_seed(seed)
         lengths = torch.randint(min_length, max_length + 1, (size,), generator=generator)
         self.sequences = [torch.randint(1, vocab_size, (int(n),), generator=generator) for n in lengths]
@@ -268,8 +264,8 @@ class RandomShiftDataset(Dataset):
     """
 
     def __init__(self, base: SizedDataset, *, max_shift: int = 2, rng: str = "torch", seed: int = 0) -> None:
-        _check_int("max_shift", max_shift, 0)
-        _check_int("seed", seed, 0)
+        check_int("max_shift", max_shift, minimum=0)
+        check_int("seed", seed, minimum=0)
         if rng not in RNG_SOURCES:
             raise ValueError(f"rng must be one of {RNG_SOURCES}, got {rng!r}")
         self.base, self.max_shift, self.rng = base, max_shift, rng

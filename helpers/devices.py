@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from .checks import check_int
+
 DEVICE_KINDS = ("cuda", "mps", "cpu")
 
 
@@ -103,8 +105,7 @@ def seed_everything(seed: int) -> torch.Generator:
 @contextlib.contextmanager
 def num_threads(threads: int | None) -> Iterator[None]:
     """Run the block with torch.set_num_threads(threads) (None: leave as is); restore the old count after."""
-    if isinstance(threads, bool) or not (threads is None or (isinstance(threads, int) and threads >= 1)):
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    check_int("threads", threads, allow_none=True)
     before = torch.get_num_threads()
     try:
         if threads is not None:
@@ -135,8 +136,7 @@ def keep_freed_memory(pad_mib: int = 256) -> bool:
     is not glibc (macOS, Windows, musl), leaving things as they are. LD_PRELOAD of jemalloc or
     tcmalloc is the other common remedy.
     """
-    if isinstance(pad_mib, bool) or not isinstance(pad_mib, int) or pad_mib < 0:
-        raise ValueError(f"pad_mib must be an int >= 0, got {pad_mib!r}")
+    check_int("pad_mib", pad_mib, minimum=0)
     import ctypes
     import ctypes.util
 

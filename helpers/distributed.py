@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from .checks import check_int, check_positive_number
+
 BACKENDS = ("gloo", "nccl", "mpi")
 
 
@@ -33,7 +35,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 def default_backend(world_size: int) -> str:
     """nccl when there is a CUDA device for each of `world_size` local ranks, gloo otherwise."""
-    _check_positive_int("world_size", world_size)
+    check_int("world_size", world_size)
     if dist.is_nccl_available() and torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
         return "nccl"
     return "gloo"
@@ -46,14 +48,8 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def _check_timeout(timeout_s: Any) -> None:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    check_positive_number("timeout_s", timeout_s)
 
 
 def _check_backend(backend: str, world_size: int) -> None:
@@ -81,7 +77,7 @@ def setup_process_group(
     `init_method` is 'env://' (MASTER_ADDR / MASTER_PORT from the environment, as torchrun sets them),
     'tcp://host:port' or 'file:///path'. Collectives that wait longer than `timeout_s` raise.
     """
-    _check_positive_int("world_size", world_size)
+    check_int("world_size", world_size)
     if not 0 <= rank < world_size:  # otherwise the rendezvous waits for the missing rank until the timeout
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     _check_backend(backend, world_size)
@@ -154,9 +150,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         drop_last: bool = False,
     ) -> None:
-        _check_positive_int("dataset_size", dataset_size)
-        _check_positive_int("world_size", world_size)
-        _check_positive_int("batch_size", batch_size)
+        check_int("dataset_size", dataset_size)
+        check_int("world_size", world_size)
+        check_int("batch_size", batch_size)
         self.dataset_size, self.world_size, self.batch_size = dataset_size, world_size, batch_size
         self.seed, self.shuffle, self.drop_last, self.epoch = seed, shuffle, drop_last, 0
 

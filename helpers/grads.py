@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from .checks import check_int
+
 
 def _parameters(model_or_params: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor]:
     if isinstance(model_or_params, nn.Module):
@@ -77,10 +79,9 @@ def batch_gradient(
     samples = sizes.pop()
     if samples == 0:
         raise ValueError("inputs must hold at least one sample, got an empty batch")
+    check_int("micro_batch_size", micro_batch_size, allow_none=True)
     if micro_batch_size is None:
         micro_batch_size = samples
-    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be a positive int or None, got {micro_batch_size!r}")
     model.zero_grad(set_to_none=True)
     pieces = zip(*(t.split(micro_batch_size) for t in parts), targets.split(micro_batch_size))
     for *micro_inputs, micro_targets in pieces:

@@ -17,9 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from .checks import check_int, check_positive_number
+from .progress import progress_bar
+
+# The course's one table of precision names: 'fp32' trains without autocast; the others are autocast dtypes.
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+AMP_DTYPES = {name: dtype for name, dtype in PRECISIONS.items() if name != "fp32"}
 
 
 def _check_device(device) -> torch.device:
@@ -95,11 +99,9 @@ def _elapsed(start: float, device: torch.device) -> float:
 def _check_epoch_arguments(loader: Iterable, optimizer, device, accumulation_steps, amp, max_grad_norm) -> torch.device:
     """train_epoch's arguments checked where a mistake would otherwise surface deep inside torch."""
     device = _check_device(device)
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-        raise ValueError(f"accumulation_steps must be a positive int, got {accumulation_steps!r}")
+    check_int("accumulation_steps", accumulation_steps)
     _check_amp(amp)
-    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-        raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+    check_positive_number("max_grad_norm", max_grad_norm, allow_none=True)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     _check_loader(loader)
@@ -116,6 +118,19 @@ def autocast_context(device: torch.device, amp: str | None):
     if amp is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp])
+
+
+def precisions_for(device: torch.device | str) -> list[str]:
+    """The precisions worth comparing on `device`: fp32 and bf16, and fp16 on CUDA (where it is fast).
+
+    On a CUDA GPU without native bfloat16 (before compute capability 8.0: T4, V100) bf16 is left out, since
+    `torch.cuda.is_bf16_supported()` would count its slow emulation.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return ["fp32", "bf16"]
+    native_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    return ["fp32", "bf16", "fp16"] if native_bf16 else ["fp32", "fp16"]
 
 
 def make_grad_scaler(device: torch.device, amp: str | None) -> torch.amp.GradScaler | None:
@@ -162,7 +177,7 @@ def train_epoch(
     scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     autocast = autocast_context(device, amp)  # made once; without amp a nullcontext, the cheapest to enter
     # Counted by hand: tqdm(loader) would open (and drop) an extra DataLoader iterator, shifting the shuffle.
-    bar = tqdm(total=_length(loader), desc=description, unit="batch", leave=False, disable=not progress)
+    bar = progress_bar(total=_length(loader), desc=description, unit="batch", leave=False, enabled=progress)
     read_now, non_blocking = device.type == "cpu", device.type == "cuda"  # .item() on a GPU waits: read at the end
     losses, sizes, optimizer_steps = [], [], 0
     model.train()
@@ -251,30 +266,23 @@ def fit(
     scheduler=None,
     scheduler_interval: str = "epoch",
     progress: bool = True,
-    live_plot: bool = False,
     on_epoch_end: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Train for `epochs`; return one dict per epoch (train loss, samples/s, steps, and val metrics).
 
     Evaluation runs only after an epoch's last optimizer step, so no gradients are pending.
     `scheduler_interval` is 'epoch' (step once per epoch) or 'step' (once per optimizer step).
-    `on_epoch_end(row)` is called after every epoch with that epoch's row (e.g. to plot it).
-    With `progress` (or `live_plot`) a last line of text gives the final epoch's metrics, which a saved
-    notebook keeps when its progress bars (widgets) are gone.
+    `on_epoch_end(row)` is called after every epoch with that epoch's row: `LivePlot(...).update` draws it.
+    With `progress` a last line of text gives the final epoch's metrics, which a saved notebook keeps when
+    its progress bars (widgets) are gone.
     """
     device = _check_device(device)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    check_int("epochs", epochs)
     if scheduler_interval not in ("epoch", "step"):
         raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
     scaler = make_grad_scaler(device, amp)  # one for every epoch: its scale carries over
-    plot = None
-    if live_plot:
-        from .plots import LivePlot
-
-        plot = LivePlot(["train_loss", "val_loss", "val_accuracy"])
     history: list[dict] = []
-    epoch_bar = tqdm(total=epochs, desc="epochs", unit="epoch", disable=not progress or epochs == 1)
+    epoch_bar = progress_bar(total=epochs, desc="epochs", unit="epoch", enabled=progress and epochs > 1)
     for epoch in range(1, epochs + 1):
         train = train_epoch(
             model,
@@ -305,14 +313,10 @@ def fit(
             epoch_bar.set_postfix(loss=f"{row['train_loss']:.4f}", acc=f"{row['val_accuracy']:.3f}", refresh=False)
         history.append(row)
         epoch_bar.update(1)
-        if plot is not None:
-            plot.update(row)
         if on_epoch_end is not None:
             on_epoch_end(row)
     epoch_bar.close()
-    if plot is not None:
-        plot.close()  # leaves the final curves as a static image and prints the last epoch's metrics
-    elif progress:  # a progress bar saves as an empty widget: leave the result in text that outlives the kernel
+    if progress:  # a progress bar saves as an empty widget: leave the result in text that outlives the kernel
         last = history[-1]
         shown = [k for k in ("train_loss", "val_loss", "val_accuracy") if k in last]
         print(f"fit: {epochs} epoch(s); last epoch " + ", ".join(f"{k} {last[k]:.4g}" for k in shown))

@@ -8,10 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-
-def _check_positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+from .checks import check_int, check_positive_number
 
 
 class MLP(nn.Sequential):
@@ -26,10 +23,10 @@ class MLP(nn.Sequential):
         dropout: float = 0.0,
         batch_norm: bool = False,
     ) -> None:
-        _check_positive("in_features", in_features)
-        _check_positive("num_classes", num_classes)
+        check_int("in_features", in_features)
+        check_int("num_classes", num_classes)
         for width in hidden:
-            _check_positive("each hidden width", width)
+            check_int("each hidden width", width)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         layers: list[nn.Module] = [nn.Flatten()]
@@ -53,9 +50,9 @@ class SmallCNN(nn.Module):
         self, in_channels: int = 1, num_classes: int = 10, *, channels: int = 16, dropout: float = 0.0
     ) -> None:
         super().__init__()
-        _check_positive("in_channels", in_channels)
-        _check_positive("num_classes", num_classes)
-        _check_positive("channels", channels)
+        check_int("in_channels", in_channels)
+        check_int("num_classes", num_classes)
+        check_int("channels", channels)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.features = nn.Sequential(
@@ -79,8 +76,8 @@ def deep_linear_stack(width: int = 256, depth: int = 16, *, bias: bool = True) -
     With input x of shape [B, width], autograd saves B*width elements for the input and one more per
     ReLU output: (depth + 1) * B * width * element_size bytes of activations.
     """
-    _check_positive("width", width)
-    _check_positive("depth", depth)
+    check_int("width", width)
+    check_int("depth", depth)
     layers: list[nn.Module] = []
     for _ in range(depth):
         layers += [nn.Linear(width, width, bias=bias), nn.ReLU()]
@@ -107,8 +104,7 @@ def optimizer_names() -> list[str]:
 
 
 def _check_lr(name: str, lr) -> float:
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"{name} must be a positive number, got {lr!r}")
+    check_positive_number(name, lr)
     return float(lr)
 
 

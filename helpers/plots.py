@@ -8,14 +8,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+from .progress import in_notebook
 
 
 class LivePlot:
@@ -23,7 +16,11 @@ class LivePlot:
 
     In Jupyter the figure is drawn into an ipywidgets Image, whose picture is replaced on every update
     (this also works under a knob panel's Run button, where display-handle updates are lost); elsewhere
-    it is just a matplotlib Figure (`.figure`) that a script can save.
+    it is just a matplotlib Figure (`.figure`) that a script can save. Used as a context manager it closes
+    itself at the end of the block; `update` is the callback a training loop calls after each epoch:
+
+        with LivePlot(["train_loss", "val_accuracy"]) as plot:
+            fit(..., on_epoch_end=plot.update)
     """
 
     def __init__(self, metrics: Sequence[str], *, x: str = "epoch", title: str | None = None) -> None:
@@ -39,13 +36,19 @@ class LivePlot:
         self.axes = list(axes[0])
         if title:
             self.figure.suptitle(title)
-        self._image = None
-        if _in_notebook():
+        self._image, self.closed = None, False
+        if in_notebook():
             import ipywidgets
             from IPython.display import display
 
             self._image = ipywidgets.Image(format="png", layout={"width": f"{int(100 * 5 * len(self.groups))}px"})
             display(self._image)
+
+    def __enter__(self) -> LivePlot:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def update(self, row: Mapping[str, float]) -> None:
         """Add one row (a dict with the x key and any of the metrics) and redraw."""
@@ -78,8 +81,11 @@ class LivePlot:
         The live image widget's picture lives only in the running kernel, so a saved or exported notebook
         (papermill, nbconvert, HTML) would show an empty plot. In Jupyter the widget is closed and the last
         frame is displayed as an ordinary PNG output, which the .ipynb file keeps; then one line of text
-        with the final metrics is printed (everywhere).
+        with the final metrics is printed (everywhere). Closing again does nothing.
         """
+        if self.closed:
+            return
+        self.closed = True
         if self._image is not None:
             from IPython.display import Image, display
 

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from helpers.checks import check_int
 from helpers.distributed import (
     _check_backend,
-    _check_positive_int,
     _check_timeout,
     default_backend,
     find_free_port,
@@ -149,8 +149,8 @@ def launch(
     if the time runs out, TimeoutError. Either way no rank is left running.
     """
     _check_worker(worker)
-    _check_positive_int("nprocs", nprocs)
-    _check_positive_int("threads_per_process", threads_per_process)
+    check_int("nprocs", nprocs)
+    check_int("threads_per_process", threads_per_process)
     _check_timeout(timeout_s)
     if init_method not in INIT_METHODS:
         raise ValueError(f"init_method must be one of {INIT_METHODS}, got {init_method!r}")
@@ -270,7 +270,7 @@ def _stop(processes: list, grace_s: float = 5.0) -> None:
 
 def torchrun_command(module: str, args: Sequence[str] = (), *, nproc_per_node: int = 2) -> list[str]:
     """The command line `torchrun --standalone --nproc_per_node=N -m module args...`, via this Python."""
-    _check_positive_int("nproc_per_node", nproc_per_node)
+    check_int("nproc_per_node", nproc_per_node)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}"]
     return [*launcher, "-m", module, *[str(arg) for arg in args]]
 

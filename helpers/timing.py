@@ -1,5 +1,6 @@
-"""Timing done right (warm-up first, synchronise CUDA before reading the clock, compare in one run), and the
-plain-text tables that notebooks and the benchmark print the measurements in."""
+"""The clock: timing done right (warm-up first, synchronise CUDA before reading the clock, compare in one run),
+the statistics of repeated timings, and the plain-text tables measurements are printed in. It knows nothing of
+training; `helpers.rig` builds the course's measurements on top of it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 import torch
+
+from .checks import check_int
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -23,10 +26,8 @@ def synchronize(device: torch.device | str | None) -> None:
 
 
 def _check_counts(repeat: int, warmup: int) -> None:
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"repeat must be a positive int, got {repeat!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    check_int("repeat", repeat)
+    check_int("warmup", warmup, minimum=0)
 
 
 def time_call(
@@ -98,13 +99,19 @@ def median_ratio(numerator: list[float], denominator: list[float]) -> float:
     return statistics.median(_pairwise_ratios(numerator, denominator))
 
 
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartile: the middle half of repeated measurements lies between them."""
+    if not values:
+        raise ValueError("values must not be empty")
+    if len(values) == 1:
+        return values[0], values[0]
+    first, _, third = statistics.quantiles(values, n=4, method="inclusive")
+    return first, third
+
+
 def ratio_quartiles(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
     """First and third quartile of the same pairwise ratios: how steady their median is."""
-    ratios = _pairwise_ratios(numerator, denominator)
-    if len(ratios) == 1:
-        return ratios[0], ratios[0]
-    first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
-    return first, third
+    return quartiles(_pairwise_ratios(numerator, denominator))
 
 
 MIN_ROUNDS = 3  # fewer interleaved rounds than this have no middle half worth the name
@@ -118,10 +125,7 @@ def middle_half(seconds: list[float], *, scale: float = 1e3, digits: int = 3) ->
     """
     if not seconds:
         raise ValueError("seconds must not be empty")
-    if len(seconds) == 1:
-        first = third = seconds[0]
-    else:
-        first, _, third = statistics.quantiles(seconds, n=4, method="inclusive")
+    first, third = quartiles(seconds)
     return f"{scale * first:.{digits}f}-{scale * third:.{digits}f}"
 
 
@@ -142,53 +146,6 @@ def compare(name_a: str, seconds_a: list[float], name_b: str, seconds_b: list[fl
     if low > 1:
         return f"{name_a} was slower than {name_b} ({measured})"
     return f"{name_a} and {name_b} were not told apart: the middle half of the ratios spans 1 ({measured})"
-
-
-def precisions_for(device: torch.device | str) -> list[str]:
-    """The precisions worth comparing on `device`: fp32 and bf16, and fp16 on CUDA (where it is fast)."""
-    device = torch.device(device)
-    return ["fp32", "bf16", "fp16"] if device.type == "cuda" else ["fp32", "bf16"]
-
-
-def time_training_steps(
-    model: torch.nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    precisions: list[str] | tuple[str, ...],
-    device: torch.device | str,
-    repeat: int = 10,
-    warmup: int = 3,
-    lr: float = 0.01,
-) -> dict[str, list[float]]:
-    """Seconds per training step of `model` on one batch in each precision ('fp32', 'bf16', 'fp16').
-
-    A step is `helpers.loop.train_epoch` over the one batch: forward and loss under autocast (none for
-    fp32), backward, optimizer step (through a GradScaler for fp16). Each precision trains its own copy of
-    `model` with its own SGD; the steps are timed in turns (`time_interleaved`), so load changes hit all
-    precisions alike, and `model` itself is left alone.
-    """
-    import copy
-
-    import torch.nn.functional as F
-
-    from .loop import make_grad_scaler, train_epoch
-
-    allowed = ("fp32", "bf16", "fp16")
-    if isinstance(precisions, str) or not precisions or any(p not in allowed for p in precisions):
-        raise ValueError(f"precisions must be a non-empty list drawn from {allowed}, got {precisions!r}")
-    device = torch.device(device)
-    batch = [(inputs.to(device), targets.to(device))]
-    steps = {}
-    for name in precisions:
-        amp = None if name == "fp32" else name
-        replica = copy.deepcopy(model).to(device)
-        optimizer = torch.optim.SGD(replica.parameters(), lr=lr)
-        scaler = make_grad_scaler(device, amp)  # one scaler across steps, as in training
-        steps[name] = lambda replica=replica, optimizer=optimizer, scaler=scaler, amp=amp: train_epoch(
-            replica, batch, optimizer, F.cross_entropy, device=device, amp=amp, scaler=scaler, progress=False
-        )
-    return time_interleaved(steps, repeat=repeat, warmup=warmup, device=device)
 
 
 def _default_format(value) -> str:

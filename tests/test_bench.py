@@ -90,32 +90,6 @@ def test_mixed_precision_rows_for_an_mlp_on_cpu():
     assert rows[0]["saved bytes"] > 0 and "CUDA peak" not in rows[0]
 
 
-def test_precisions_for():
-    from helpers.timing import precisions_for
-
-    assert precisions_for("cpu") == ["fp32", "bf16"]
-    assert precisions_for(torch.device("cuda")) == ["fp32", "bf16", "fp16"]
-
-
-def test_time_training_steps_times_copies_and_leaves_the_model_alone():
-    from helpers.models import MLP
-    from helpers.timing import time_training_steps
-
-    torch.manual_seed(0)
-    model = MLP(64, (16,), 10)
-    before = [p.detach().clone() for p in model.parameters()]
-    inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
-    seconds = time_training_steps(
-        model, inputs, targets, precisions=["fp32", "bf16", "fp16"], device="cpu", repeat=2, warmup=1
-    )
-    assert set(seconds) == {"fp32", "bf16", "fp16"}
-    assert all(len(v) == 2 and all(s > 0 for s in v) for v in seconds.values())
-    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
-    for bad in (["fp8"], [], "fp32"):
-        with pytest.raises(ValueError, match="precisions must be"):
-            time_training_steps(model, inputs, targets, precisions=bad, device="cpu")
-
-
 def test_repeats_for_fits_the_budget_within_bounds():
     assert bench.repeats_for(0.01, budget_s=1.0, calls_per_round=2, least=3, most=1000) == 50
     assert bench.repeats_for(10.0, budget_s=1.0, calls_per_round=2, least=3, most=1000) == 3

@@ -451,7 +451,7 @@ def test_resumable_sampler_at_an_epoch_end_starts_the_next_epoch_and_takes_any_s
 
 
 def test_resumable_sampler_rejects_bad_input():
-    with pytest.raises(ValueError, match="num_samples must be an int >= 1"):
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
         ResumableSampler(0)
     with pytest.raises(ValueError, match="seed must be an int >= 0"):
         ResumableSampler(3, seed=-1)

@@ -95,15 +95,21 @@ def test_every_marker_the_tests_use_is_declared():
     assert used - builtin <= declared, f"undeclared markers: {sorted(used - builtin - declared)}"
 
 
-def test_a_notebook_cell_that_prints_a_wall_of_text_fails_the_notebook_run(tmp_path):
-    """The root conftest fails an executed cell whose text output is longer than a screenful."""
+def test_a_notebook_cell_that_prints_a_wall_of_text_or_a_long_tick_line_fails_the_notebook_run(tmp_path):
+    """The root conftest fails an executed cell whose text output is longer than a screenful, or whose ✓ line
+    is longer than 120 characters."""
     import shutil
     import subprocess
 
     import nbformat
 
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("print('x' * 5000)"), nbformat.v4.new_code_cell("print('short')")]
+    notebook.cells = [
+        nbformat.v4.new_code_cell("print('x' * 5000)"),
+        nbformat.v4.new_code_cell("print('short')"),
+        nbformat.v4.new_code_cell("print('evidence ' * 20)\nprint('✓ ' + 'y' * 118)"),  # 120 characters: fine
+        nbformat.v4.new_code_cell("print('✓ ' + 'z' * 119)"),
+    ]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, tmp_path / "wall.ipynb")
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
@@ -125,7 +131,8 @@ def test_a_notebook_cell_that_prints_a_wall_of_text_fails_the_notebook_run(tmp_p
         timeout=120,
     )
     assert run.returncode == 1, run.stdout[-2000:]
-    assert "1 failed, 1 passed" in run.stdout and "printed 5001 characters of text" in run.stdout
+    assert "2 failed, 2 passed" in run.stdout and "printed 5001 characters of text" in run.stdout
+    assert "printed a ✓ line of 121 characters (limit 120)" in run.stdout
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -149,3 +156,24 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
             assert f"{sizes['cpu']} on CPU" in line and f"{sizes['cuda']} on CUDA" in line, (
                 f"{path.name}: the comment on {name} must state its sizes, {sizes['cpu']} on CPU and {sizes['cuda']} on CUDA"
             )
+
+
+# A lesson is read in one sitting (STYLE.md): at most this much code and prose, in short cells.
+BUDGET = {"code lines": 400, "markdown words": 2500, "median code cell": 12}
+
+
+def reading_load(path: Path) -> dict[str, float]:
+    """Non-blank code lines, markdown words and the median code cell's lines of one notebook."""
+    import statistics
+
+    cells = nbformat.read(path, as_version=4).cells
+    sizes = [sum(1 for line in c.source.splitlines() if line.strip()) for c in cells if c.cell_type == "code"]
+    words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
+    return {"code lines": sum(sizes), "markdown words": words, "median code cell": statistics.median(sizes)}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_fits_the_reading_budget(path):
+    load = reading_load(path)
+    over = {key: f"{load[key]:g} > {limit}" for key, limit in BUDGET.items() if load[key] > limit}
+    assert not over, f"{path.name} is over the reading budget: {over}. Move plumbing into helpers, or split the lesson"

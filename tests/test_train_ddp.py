@@ -118,8 +118,8 @@ def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--epochs", "0"], "epochs must be an int >= 1"),
-        (["--batch-size", "-2"], "batch_size must be an int >= 1"),
+        (["--epochs", "0"], "epochs must be a positive int"),
+        (["--batch-size", "-2"], "batch_size must be a positive int"),
         (["--lr", "0"], "lr must be a positive number"),
         (["--momentum", "1.5"], "momentum must be in"),
         (["--backend", "udp"], "invalid choice"),

@@ -321,7 +321,8 @@ def mixed_precision(
     of `width` on 8x8 inputs (64 features, as in notebook 04); the inputs are random either way. On CUDA each
     precision's row also has the allocator's peak in one forward and backward pass.
     """
-    from helpers.timing import precisions_for, time_training_steps
+    from helpers.loop import precisions_for
+    from helpers.rig import precision_steps
 
     precisions = precisions_for(device)
     seed_everything(0)
@@ -332,7 +333,8 @@ def mixed_precision(
         model = MLP(64, (width,) * depth, 10).to(device)
         inputs = torch.randn(batch, 64, device=device)
     targets = torch.randint(0, 10, (batch,), device=device)
-    seconds = time_training_steps(model, inputs, targets, precisions=precisions, device=device, repeat=repeat, warmup=2)
+    steps = precision_steps(model, inputs, targets, precisions=precisions, device=device)
+    seconds = time_interleaved(steps, repeat=repeat, warmup=2, device=device)
     rows: list[dict[str, Any]] = []
     for name in precisions:
         amp = None if name == "fp32" else name

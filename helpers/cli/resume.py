@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, random_split
 
 from helpers.checkpoint import CheckpointManager, ResumableSampler, load_checkpoint
+from helpers.checks import check_int
 from helpers.data import DigitsDataset
 from helpers.devices import seed_everything
 from helpers.loop import evaluate
@@ -46,8 +47,7 @@ def train(
         ("batch_size", batch_size),
         ("stop_after", steps if stop_after is None else stop_after),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     if stop_after is not None and stop_after > steps:
         raise ValueError(f"stop_after must be at most steps={steps}, got {stop_after}")
     # The training digits, split once by the seed: a part to train on and a validation part that scores each

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from helpers.checkpoint import save_checkpoint, unwrap_model
+from helpers.checks import check_int, check_positive_number
 from helpers.data import DigitsDataset
 from helpers.distributed import all_reduce_metrics, print_rank0, rank_device
 from helpers.models import MLP
@@ -131,8 +132,7 @@ def flat_gradient(model: nn.Module) -> torch.Tensor:
 def gradient_batch(seed: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`samples` digits (images, labels) drawn without repetition from the training split by `seed`."""
     dataset = DigitsDataset("train")
-    if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= len(dataset):
-        raise ValueError(f"samples must be an int in [1, {len(dataset)}], got {samples!r}")
+    check_int("samples", samples, maximum=len(dataset))
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples]
     return dataset.images[order], dataset.targets[order]
 
@@ -214,13 +214,10 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "seed"):
-            value = getattr(self, name)
-            minimum = 0 if name == "seed" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-        if not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        check_int("epochs", self.epochs)
+        check_int("batch_size", self.batch_size)
+        check_int("seed", self.seed, minimum=0)
+        check_positive_number("lr", self.lr)
         if not isinstance(self.momentum, (int, float)) or not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if not self.hidden or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden):

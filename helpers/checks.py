@@ -1,0 +1,31 @@
+"""Argument checks shared by the helpers: a learner's mistake is named where it is made, not deep inside torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None, allow_none: bool = False) -> None:
+    """Raise a ValueError naming `name` unless `value` is an int in [minimum, maximum] (or None, if allowed)."""
+    if allow_none and value is None:
+        return
+    if (
+        not isinstance(value, bool)
+        and isinstance(value, int)
+        and value >= minimum
+        and (maximum is None or value <= maximum)
+    ):
+        return
+    if maximum is not None:
+        allowed = f"an int in [{minimum}, {maximum}]"
+    else:
+        allowed = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    raise ValueError(f"{name} must be {allowed}{' or None' if allow_none else ''}, got {value!r}")
+
+
+def check_positive_number(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """Raise a ValueError naming `name` unless `value` is an int or float above 0 (or None, if allowed)."""
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number{' or None' if allow_none else ''}, got {value!r}")

@@ -1,0 +1,57 @@
+"""The shared argument checks and the progress-bar rule."""
+
+import io
+
+import pytest
+
+from helpers.checks import check_int, check_positive_number
+from helpers.progress import progress_bar, someone_watches
+
+
+@pytest.mark.parametrize(
+    "value, options, message",
+    [
+        (0, {}, "n must be a positive int, got 0"),
+        (True, {}, "n must be a positive int, got True"),
+        (2.0, {}, "n must be a positive int, got 2.0"),
+        (-1, {"minimum": 0}, "n must be an int >= 0, got -1"),
+        (5, {"maximum": 4}, r"n must be an int in \[1, 4\], got 5"),
+        (None, {}, "n must be a positive int, got None"),
+        ("3", {"allow_none": True}, "n must be a positive int or None, got '3'"),
+    ],
+)
+def test_check_int_names_the_parameter_and_what_is_allowed(value, options, message):
+    with pytest.raises(ValueError, match=message):
+        check_int("n", value, **options)
+
+
+def test_check_int_and_number_accept_what_they_allow():
+    check_int("n", 1)
+    check_int("n", 0, minimum=0)
+    check_int("n", 4, maximum=4)
+    check_int("n", None, allow_none=True)
+    check_positive_number("lr", 0.1)
+    check_positive_number("lr", 3)
+    check_positive_number("lr", None, allow_none=True)
+    for bad in (0, -1.0, True, "0.1", float("nan")):
+        with pytest.raises(ValueError, match="lr must be a positive number"):
+            check_positive_number("lr", bad)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_bars_show_on_a_terminal_but_not_in_a_log_or_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert not someone_watches()  # a file or a pipe: no bar
+    assert progress_bar(range(3)).disable
+    monkeypatch.setattr("sys.stderr", _Terminal())
+    assert someone_watches()
+    bar = progress_bar(range(3), desc="x")
+    assert not bar.disable and list(bar) == [0, 1, 2]
+    assert progress_bar(range(3), enabled=False).disable
+    monkeypatch.setenv("CI", "true")
+    assert not someone_watches()

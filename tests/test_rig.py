@@ -1,0 +1,118 @@
+"""The measuring rig: variants timed in turns after warm-up, memory metered, ratios and sentences from the run."""
+
+import warnings
+
+import pytest
+import torch
+
+from helpers.models import MLP
+from helpers.rig import Measurement, Result, measure, precision_steps
+
+
+def test_measure_times_every_variant_in_turns_after_warm_up():
+    calls = []
+    steps = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    result = measure(steps, device="cpu", repeat=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b"]  # warm-up, then alternating order
+    assert [len(result[name].seconds) for name in steps] == [3, 3]
+    assert result.baseline == "a" and result["a"].saved_bytes is None and result["a"].cuda_peak_bytes is None
+
+
+def test_per_divides_the_seconds_into_units():
+    result = measure({"x": lambda: None, "y": lambda: None}, device="cpu", repeat=2, warmup=0, per={"x": 1, "y": 4})
+    assert result.unit == "step"
+    raw = measure({"x": lambda: None}, device="cpu", repeat=1, warmup=0)
+    assert raw["x"].seconds[0] >= 0 and len(result["y"].seconds) == 2
+
+
+def test_saved_tensors_meters_the_peak_held_for_backward():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(32, 32)
+    inputs = torch.randn(64, 32)
+
+    def step(times: int) -> None:
+        out = inputs
+        for _ in range(times):
+            out = torch.relu(layer(out))
+        out.sum().backward()
+
+    result = measure({1: lambda: step(1), 4: lambda: step(4)}, device="cpu", repeat=1, warmup=0, saved_tensors=True)
+    one, four = result[1].saved_bytes, result[4].saved_bytes
+    batch_bytes = 64 * 32 * 4  # the input, and each ReLU's output (also the next Linear's input), kept once
+    assert (one, four) == (2 * batch_bytes, 5 * batch_bytes)
+    assert result.memory_ratio(4) == pytest.approx(four / one)
+    assert {"saved for backward", "memory ratio"} <= set(result.rows()[0])
+    with pytest.raises(ValueError, match="CUDA"):
+        result.peak_ratio(4)
+
+
+def _fixed(seconds_a, seconds_b) -> Measurement:
+    return Measurement(
+        torch.device("cpu"), {"a": Result("a", seconds_a), "b": Result("b", seconds_b)}, baseline="a", unit="batch"
+    )
+
+
+def test_ratios_are_per_round_and_the_sentence_follows_the_middle_half():
+    # b takes half of a's time in every round but one: the median of per-round ratios says 0.5
+    measured = _fixed([1.0, 2.0, 4.0, 8.0], [0.5, 1.0, 2.0, 16.0])
+    assert measured.time_ratio("b") == pytest.approx(0.5)
+    assert measured.time_ratio("a", against="b") == pytest.approx(2.0)
+    low, high = measured.ratio_spread("b")
+    assert low == pytest.approx(0.5) and high == pytest.approx(0.875)
+    assert measured.conclusion("b").startswith("b was faster than a")
+    assert measured.conclusions() == [measured.conclusion("b")]
+    assert _fixed([1.0, 1.0, 1.0], [0.9, 1.1, 1.0]).conclusion("b").startswith("b and a were not told apart")
+    assert _fixed([1.0, 1.0], [2.0, 2.0]).conclusion("b").startswith("b and a were not told apart: too few")
+
+
+def test_table_rows_and_chart_name_the_baseline_and_units():
+    measured = _fixed([0.001, 0.002, 0.003], [0.002, 0.004, 0.006])
+    rows = measured.rows()
+    assert [row["variant"] for row in rows] == ["a", "b"]
+    assert rows[1]["ms/batch"] == pytest.approx(4.0) and rows[1]["time ratio"] == pytest.approx(2.0)
+    table = measured.table()
+    assert "ratios against 'a'" in table and "x2.00" in table and "ms/batch" in table
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figure = measured.chart()
+    assert len(figure.axes) == 1
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+
+
+def test_report_prints_the_table_and_one_sentence_per_variant(capsys):
+    _fixed([1.0, 1.0, 1.0], [3.0, 3.0, 3.0]).report("title here")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "title here" and out[-1].strip().startswith("b was slower than a")
+
+
+def test_measure_refuses_bad_arguments_by_name():
+    with pytest.raises(TypeError, match="steps must be a non-empty mapping"):
+        measure({}, device="cpu")
+    with pytest.raises(TypeError, match="steps must be"):
+        measure([lambda: None], device="cpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="repeat must be a positive int, got 0"):
+        measure({"a": lambda: None}, device="cpu", repeat=0)
+    with pytest.raises(ValueError, match="baseline must name one of the steps"):
+        measure({"a": lambda: None}, device="cpu", baseline="b")
+    with pytest.raises(ValueError, match="per must be a positive int"):
+        measure({"a": lambda: None}, device="cpu", per=0)
+    with pytest.raises(KeyError, match="no variant named 'z'"):
+        _fixed([1.0], [1.0])["z"]
+
+
+def test_precision_steps_train_copies_and_leave_the_model_alone():
+    torch.manual_seed(0)
+    model = MLP(64, (16,), 10)
+    before = [p.detach().clone() for p in model.parameters()]
+    inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    steps = precision_steps(model, inputs, targets, precisions=["fp32", "bf16", "fp16"], device="cpu")
+    measured = measure(steps, device="cpu", repeat=2, warmup=1, saved_tensors=True, exclude=model)
+    assert set(measured.results) == {"fp32", "bf16", "fp16"}
+    assert all(len(r.seconds) == 2 and all(s > 0 for s in r.seconds) for r in measured.results.values())
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert measured["bf16"].saved_bytes < measured["fp32"].saved_bytes  # 16-bit activations
+    for bad in (["fp8"], [], "fp32"):
+        with pytest.raises(ValueError, match="precisions must be"):
+            precision_steps(model, inputs, targets, precisions=bad, device="cpu")
