@@ -142,7 +142,11 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
 
     code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     lessons = re.findall(r'fill_sizes\(globals\(\), "(\w+)"', code[1].source)
-    expected = {"04": ["mixed_precision"], "06": ["checkpointing"], "07": ["inference"]}.get(path.name[:2], [])
+    expected = {
+        "05_mixed_precision": ["mixed_precision"],
+        "07_activation_checkpointing": ["checkpointing"],
+        "09_eval_inference": ["inference"],
+    }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
     parameters = {
         line.split("=")[0].strip(): line
