@@ -49,10 +49,10 @@ class Measurement:
     """What `measure` found: a Result per variant, compared with the baseline variant."""
 
     device: torch.device
-    results: dict[Hashable, Result]
+    results: dict[Any, Result]
     baseline: Hashable
     unit: str = "step"
-    labels: dict[Hashable, str] = field(default_factory=dict)
+    labels: dict[Any, str] = field(default_factory=dict)
 
     def __getitem__(self, name: Hashable) -> Result:
         if name not in self.results:
@@ -169,7 +169,7 @@ class Measurement:
 
 
 def measure(
-    steps: Mapping[Hashable, Callable[[], object]],
+    steps: Mapping[Any, Callable[[], object]],
     *,
     device: torch.device | str,
     repeat: int = 10,
@@ -180,7 +180,7 @@ def measure(
     saved_tensors: bool = False,
     exclude: torch.nn.Module | Sequence[torch.Tensor] | None = None,
     cuda_peak: bool | None = None,
-    labels: Mapping[Hashable, str] | None = None,
+    labels: Mapping[Any, str] | None = None,
 ) -> Measurement:
     """Time every call in `steps` in `repeat` interleaved rounds after `warmup` rounds, and meter its memory.
 
@@ -208,6 +208,8 @@ def measure(
             with saved_tensors_meter(exclude=exclude) as meter:
                 step()
             results[name].saved_bytes = meter.peak_bytes
+    if cuda_peak and device.type != "cuda":
+        raise ValueError(f"cuda_peak=True needs a CUDA device (the allocator's peak is read there), got {device}")
     if cuda_peak or (cuda_peak is None and device.type == "cuda"):
         for name, step in steps.items():
             with peak_memory(device) as peak:

@@ -13,7 +13,7 @@ def test_measure_times_every_variant_in_turns_after_warm_up():
     calls = []
     steps = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
     result = measure(steps, device="cpu", repeat=3, warmup=1)
-    assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b"]  # warm-up, then alternating order
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # a warm-up round, then rounds in alternating order
     assert [len(result[name].seconds) for name in steps] == [3, 3]
     assert result.baseline == "a" and result["a"].saved_bytes is None and result["a"].cuda_peak_bytes is None
 
@@ -91,7 +91,7 @@ def test_measure_refuses_bad_arguments_by_name():
     with pytest.raises(TypeError, match="steps must be a non-empty mapping"):
         measure({}, device="cpu")
     with pytest.raises(TypeError, match="steps must be"):
-        measure([lambda: None], device="cpu")  # type: ignore[arg-type]
+        measure([lambda: None], device="cpu")
     with pytest.raises(ValueError, match="repeat must be a positive int, got 0"):
         measure({"a": lambda: None}, device="cpu", repeat=0)
     with pytest.raises(ValueError, match="baseline must name one of the steps"):
@@ -116,3 +116,18 @@ def test_precision_steps_train_copies_and_leave_the_model_alone():
     for bad in (["fp8"], [], "fp32"):
         with pytest.raises(ValueError, match="precisions must be"):
             precision_steps(model, inputs, targets, precisions=bad, device="cpu")
+
+
+def test_cuda_peak_is_read_after_warm_up_around_one_more_call(monkeypatch):
+    """On CUDA: timed rounds first, then one call between a peak reset and a peak read (its own peak)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: calls.append("allocated") or 100)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: calls.append("peak") or 123)
+    measured = measure({"a": lambda: calls.append("step")}, device="cuda", repeat=1, warmup=1)
+    assert measured["a"].cuda_peak_bytes == 23  # 123 at the peak, 100 allocated when the call began
+    assert calls[-6:] == ["synchronize", "reset", "allocated", "step", "synchronize", "peak"]
+    assert calls[:2] == ["step", "synchronize"]  # warm-up, then the clock
+    with pytest.raises(ValueError, match="cuda_peak=True needs a CUDA device"):
+        measure({"a": lambda: None}, device="cpu", cuda_peak=True)
