@@ -102,8 +102,8 @@ def test_make_loader_seeds_workers_distinctly():
 
     seeds = []
     for worker_id in range(2):
-        torch.manual_seed(1000 + worker_id)
-        seed_worker(worker_id)
+        torch.manual_seed(1000 + worker_id)  # a worker's torch seed: base_seed + worker_id
+        seed_worker(0)  # the numbers follow the torch seed, not the worker id
         seeds.append(np.random.randint(0, 2**31))
     assert seeds[0] != seeds[1]
 

@@ -110,8 +110,10 @@ def test_peak_memory_on_cpu_sees_a_large_allocation():
         block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
         del block
     assert "coarse" in peak.kind
-    assert peak.bytes >= 64 * 1024 * 1024
-    assert peak.bytes >= small.bytes
+    if "reset at block start" in small.kind:  # the high-water mark was reset: the block's own peak shows
+        assert peak.bytes >= small.bytes + 60 * 1024 * 1024
+    else:
+        assert peak.bytes >= 64 * 1024 * 1024
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
