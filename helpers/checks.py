@@ -29,3 +29,17 @@ def check_positive_number(name: str, value: Any, *, allow_none: bool = False) ->
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a positive number{' or None' if allow_none else ''}, got {value!r}")
+
+
+def check_dataset(name: str, value: Any) -> None:
+    """Raise a TypeError naming `name` unless `value` is a dataset: an IterableDataset, or an object with
+    `__getitem__` and `__len__` (a map-style Dataset, a TensorDataset, a list of samples)."""
+    from torch.utils.data import IterableDataset
+
+    map_style = hasattr(value, "__getitem__") and hasattr(value, "__len__") and not isinstance(value, (str, bytes))
+    if map_style or isinstance(value, IterableDataset):
+        return
+    raise TypeError(
+        f"{name} must be a dataset (with __getitem__ and __len__, e.g. a TensorDataset, or an IterableDataset), "
+        f"got {type(value).__name__}"
+    )

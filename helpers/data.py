@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from .checks import check_int
+from .checks import check_dataset, check_int
 
 SPLITS = ("train", "test")
 RNG_SOURCES = ("torch", "numpy", "random", "generator")
@@ -179,6 +179,7 @@ def make_loader(
 
     `options` (pin_memory, persistent_workers, prefetch_factor, collate_fn, ...) go to the DataLoader as they are.
     """
+    check_dataset("dataset", dataset)
     check_int("seed", seed, minimum=0, allow_none=True)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     worker_init_fn = seed_worker if num_workers > 0 else None
@@ -264,6 +265,7 @@ class RandomShiftDataset(Dataset):
     """
 
     def __init__(self, base: SizedDataset, *, max_shift: int = 2, rng: str = "torch", seed: int = 0) -> None:
+        check_dataset("base", base)
         check_int("max_shift", max_shift, minimum=0)
         check_int("seed", seed, minimum=0)
         if rng not in RNG_SOURCES:
@@ -310,6 +312,7 @@ class SlowDataset(Dataset):
     """Wraps a dataset and sleeps `delay_s` seconds on each access: slow storage, or a reader that got stuck."""
 
     def __init__(self, base: SizedDataset, delay_s: float) -> None:
+        check_dataset("base", base)
         if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not delay_s >= 0:
             raise ValueError(f"delay_s must be a number >= 0, got {delay_s!r}")
         self.base, self.delay_s = base, float(delay_s)

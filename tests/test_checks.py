@@ -3,6 +3,7 @@
 import io
 
 import pytest
+import torch
 
 from helpers.checks import check_int, check_positive_number
 from helpers.progress import progress_bar, someone_watches
@@ -55,3 +56,28 @@ def test_bars_show_on_a_terminal_but_not_in_a_log_or_ci(monkeypatch):
     assert progress_bar(range(3), enabled=False).disable
     monkeypatch.setenv("CI", "true")
     assert not someone_watches()
+
+
+@pytest.mark.parametrize("bad", [None, 3, "digits", object()])
+def test_make_loader_and_dataset_wrappers_refuse_what_is_not_a_dataset(bad):
+    from helpers.data import RandomShiftDataset, SlowDataset, make_loader
+
+    with pytest.raises(TypeError, match="dataset must be a dataset .* got"):
+        make_loader(bad, batch_size=8)
+    with pytest.raises(TypeError, match="base must be a dataset"):
+        SlowDataset(bad, delay_s=0.0)
+    with pytest.raises(TypeError, match="base must be a dataset"):
+        RandomShiftDataset(bad)
+
+
+def test_check_dataset_accepts_datasets_lists_and_iterable_datasets():
+    from torch.utils.data import IterableDataset, TensorDataset
+
+    from helpers.checks import check_dataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from range(3)
+
+    for good in (TensorDataset(torch.zeros(2, 1)), [(1, 2), (3, 4)], Stream()):
+        check_dataset("dataset", good)
