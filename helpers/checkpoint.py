@@ -52,6 +52,17 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
+def states_equal(a: Any, b: Any) -> bool:
+    """Bit-identical states: nested dicts, lists and tuples alike, tensors equal in value (compared on the CPU)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(states_equal(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
 def capture_rng_state(generator: torch.Generator | None = None) -> dict:
     """The states of python's `random`, numpy, torch (CPU, CUDA, MPS) and an optional DataLoader generator.
 

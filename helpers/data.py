@@ -20,6 +20,9 @@ from .checks import check_dataset, check_int
 
 SPLITS = ("train", "test")
 RNG_SOURCES = ("torch", "numpy", "random", "generator")
+# ITU-R BT.601 luma: the weights of R, G and B in one gray value, as PIL's convert("L") and torchvision's
+# Grayscale use them (the lesson on images and its exercise share them)
+LUMA = (0.299, 0.587, 0.114)
 
 
 class SizedDataset(Protocol):

@@ -1,4 +1,4 @@
-"""Choosing a device, seeding every random number generator, and reporting the environment."""
+"""Choosing a device, seeding every random number generator, and reporting the environment and CUDA versions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import contextlib
 import os
 import platform
 import random
-from collections.abc import Iterator
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -154,6 +158,76 @@ def keep_freed_memory(pad_mib: int = 256) -> bool:
             (m_trim_threshold, 2**30),
             (m_top_pad, pad_mib * 2**20),
         )
+    )
+
+
+def parse_cudnn_version(number: int) -> tuple[int, int, int]:
+    """cuDNN's version as `torch.backends.cudnn.version()` reports it, as (major, minor, patch): 8600 is 8.6.0
+    (major * 1000 + minor * 100 + patch up to cuDNN 8), 90100 is 9.1.0 (major * 10000 + minor * 100 + patch since 9)."""
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1000:
+        raise ValueError(f"number must be a cuDNN version such as 8600 or 90100, got {number!r}")
+    if number >= 90000:
+        return number // 10000, number // 100 % 100, number % 100
+    return number // 1000, number // 100 % 10, number % 100
+
+
+CUDA_ARCH = re.compile(r"(sm|compute)_(\d+)(\d)[af]?")  # sm_80, sm_90a, compute_120: the last digit is the minor
+
+
+def arch_runs_on(arch_list: Sequence[str], capability: tuple[int, int]) -> bool:
+    """Whether kernels built for `arch_list` (`torch.cuda.get_arch_list()`) run on a GPU of this compute capability.
+
+    A binary for sm_XY runs on X.Y and later minors of major X; PTX (compute_XY) is compiled at load time for
+    X.Y and any later GPU. Entries of other kinds (ROCm's gfx...) never match a CUDA capability.
+    """
+    if isinstance(arch_list, str):
+        raise TypeError(f"arch_list must be a list such as ['sm_80', 'compute_90'], got the str {arch_list!r}")
+    for arch in arch_list:
+        match = CUDA_ARCH.fullmatch(arch)
+        if match is None:
+            continue
+        built = (int(match[2]), int(match[3]))
+        if built <= tuple(capability) and (match[1] == "compute" or built[0] == capability[0]):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class CudaVersions:
+    """The versions that must fit together before a GPU computes, as this process finds them."""
+
+    torch: str
+    cuda: str | None  # torch.version.cuda, the runtime torch was built with; None in a CPU-only build
+    cudnn: tuple[int, int, int] | None  # the cuDNN torch loaded; None where it has none
+    cudnn_wheel: str | None  # version of the pip package nvidia-cudnn-*, if pip installed one
+    runtime_wheel: str | None  # version of the pip package nvidia-cuda-runtime*, if pip installed one
+    arch_list: list[str]  # the GPU architectures the build has kernels for; [] in a CPU-only build
+    driver: str | None  # the NVIDIA driver nvidia-smi reports; None without nvidia-smi
+
+
+def cuda_versions() -> CudaVersions:
+    """Read torch's CUDA and cuDNN, the nvidia-* pip packages that brought them, and the driver (from nvidia-smi)."""
+    import importlib.metadata
+
+    packages = {(d.metadata["Name"] or "").lower(): d.version for d in importlib.metadata.distributions()}
+
+    def wheel(prefix: str) -> str | None:
+        return next((version for name, version in sorted(packages.items()) if name.startswith(prefix)), None)
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    driver, smi = None, shutil.which("nvidia-smi")
+    if smi:
+        query = [smi, "--query-gpu=driver_version", "--format=csv,noheader"]
+        answer = subprocess.run(query, capture_output=True, text=True, timeout=60)
+        driver = answer.stdout.split()[0] if answer.returncode == 0 and answer.stdout.split() else None
+    return CudaVersions(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        cudnn=parse_cudnn_version(cudnn) if cudnn else None,
+        cudnn_wheel=wheel("nvidia-cudnn"),
+        runtime_wheel=wheel("nvidia-cuda-runtime"),
+        arch_list=torch.cuda.get_arch_list(),
+        driver=driver,
     )
 
 

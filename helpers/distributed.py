@@ -11,6 +11,7 @@ notebook, `run_torchrun` for a script).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -100,6 +101,17 @@ def teardown_process_group() -> None:
     """Leave and destroy the default process group, if there is one."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def world_of_one(*, backend: str = "gloo", timeout_s: float = 60.0) -> Iterator[torch.device]:
+    """A process group of this process alone (rank 0 of 1, on a free local port) for the block; yields its device."""
+    init_method = f"tcp://127.0.0.1:{find_free_port()}"
+    device = setup_process_group(0, 1, backend=backend, init_method=init_method, timeout_s=timeout_s)
+    try:
+        yield device
+    finally:
+        teardown_process_group()
 
 
 def is_rank0() -> bool:

@@ -92,3 +92,19 @@ def batch_gradient(
     gradient = flat_grad(model).clone()
     model.zero_grad(set_to_none=True)
     return gradient
+
+
+def gradient_of(model: nn.Module, run: Callable[[], object]) -> torch.Tensor:
+    """The gradient `run()` leaves in the model's .grad (it calls backward), as one vector; .grad cleared before and after.
+
+    For a gradient written out by hand, e.g. `gradient_of(model, lambda: accumulate(model, micro_batches))`.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(run):
+        raise TypeError(f"run must be a zero-argument call that runs backward(), got {type(run).__name__}")
+    model.zero_grad(set_to_none=True)
+    run()
+    gradient = flat_grad(model).clone()
+    model.zero_grad(set_to_none=True)
+    return gradient

@@ -6,7 +6,7 @@ import contextlib
 import re
 import resource
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +120,20 @@ def saved_tensors_meter(
         yield meter
 
 
+def saved_peak_bytes(
+    run: Callable[[], object],
+    *,
+    exclude: nn.Module | Iterable[torch.Tensor] | None = None,
+    include_parameters: bool = False,
+) -> int:
+    """The most bytes autograd held saved for backward at one time while `run()` ran (`saved_tensors_meter`'s peak)."""
+    if not callable(run):
+        raise TypeError(f"run must be a zero-argument call, got {type(run).__name__}")
+    with saved_tensors_meter(exclude, include_parameters=include_parameters) as meter:
+        run()
+    return meter.peak_bytes
+
+
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Bytes held by parameters, gradients, optimizer state and buffers (and their total)."""
     if not isinstance(model, nn.Module):
@@ -199,3 +213,24 @@ def peak_memory(device: torch.device | str) -> Iterator[PeakMemory]:
         result.bytes = _rss_high_water()
     else:
         raise ValueError(f"device must be cuda, mps or cpu, got {device}")
+
+
+def process_gpu_bytes(device: torch.device | str) -> tuple[int, str]:
+    """GPU memory this process holds as the driver counts it (the CUDA context included), and where it was read:
+    nvidia-smi's line for this process, or, where it lists none (often inside a container), the GPU's total
+    minus its free memory, which counts every process on it."""
+    import os
+    import subprocess
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device (the driver's count is read there), got {device}")
+    query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    try:
+        lines = subprocess.run(query, capture_output=True, text=True, timeout=60).stdout.splitlines()
+        rows = (line.split(",") for line in lines if "," in line)
+        mib = next(int(used) for pid, used in rows if int(pid) == os.getpid())
+        return mib * 2**20, "nvidia-smi, this process"
+    except (OSError, subprocess.SubprocessError, StopIteration, ValueError):
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free, "mem_get_info: total - free, all processes"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -149,6 +150,42 @@ def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", anno
     return figure
 
 
+def image_grid(
+    images: Mapping[str, Any] | Sequence[tuple[str, Any]], *, columns: int | None = None, title: str = ""
+) -> Figure:
+    """Titled images in rows of `columns` (all in one row by default): a mapping or a list of (title, image) pairs.
+
+    An image is gray, [H, W] or [1, H, W] with values in [0, 1], or RGB, [H, W, 3] of uint8 or of floats in [0, 1];
+    a tensor or an array.
+    """
+    import numpy as np
+
+    from .checks import check_int
+
+    pairs = list(images.items()) if isinstance(images, Mapping) else list(images)
+    if not pairs:
+        raise ValueError("images must hold at least one (title, image) pair")
+    columns = len(pairs) if columns is None else columns
+    check_int("columns", columns)
+    rows = -(-len(pairs) // columns)
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(1.1 * columns, 1.3 * rows + 0.3 * bool(title)), squeeze=False, layout="constrained"
+    )
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (name, image) in zip(axes.flat, pairs):
+        pixels = np.asarray(image)
+        pixels = pixels[0] if pixels.ndim == 3 and pixels.shape[0] == 1 else pixels  # [1, H, W]: one gray channel
+        if pixels.ndim == 2:
+            ax.imshow(pixels, cmap="gray", vmin=0, vmax=1)
+        else:
+            ax.imshow(pixels)
+        ax.set_title(name, fontsize=7)
+    if title:
+        figure.suptitle(title, fontsize=9)
+    return figure
+
+
 def confusion_matrix_plot(matrix, classes: Sequence[str], *, title: str = "confusion matrix") -> Figure:
     """A confusion matrix (rows: true class, columns: predicted) with counts in the cells."""
     from sklearn.metrics import ConfusionMatrixDisplay
@@ -156,4 +193,78 @@ def confusion_matrix_plot(matrix, classes: Sequence[str], *, title: str = "confu
     figure, ax = plt.subplots(figsize=(5, 4.5), layout="constrained")
     ConfusionMatrixDisplay(matrix, display_labels=list(classes)).plot(ax=ax, colorbar=False)
     ax.set_title(title)
+    return figure
+
+
+def latency_throughput_chart(
+    seconds_per_sample: Mapping[str, Mapping[int, Sequence[float]]], *, title: str = ""
+) -> Figure:
+    """Latency per batch (ms) and throughput (samples/s) against batch size, one line per series, log-log.
+
+    `seconds_per_sample[series][batch_size]` holds the seconds per sample of each timed round (a rig Result's
+    `seconds` with unit='sample'); a point is their median, its whiskers the middle half.
+    """
+    from .timing import median, quartiles
+
+    if not seconds_per_sample or not all(seconds_per_sample.values()):
+        raise ValueError("seconds_per_sample must map each series name to {batch size: seconds per sample}")
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+    for name, by_size in seconds_per_sample.items():
+        sizes = sorted(by_size)
+        middle = [median(list(by_size[size])) for size in sizes]
+        spread = [quartiles(list(by_size[size])) for size in sizes]
+        latency = [1e3 * size * m for size, m in zip(sizes, middle)]  # ms per batch
+        latency_errors = [
+            [1e3 * size * (m - low) for size, m, (low, _) in zip(sizes, middle, spread)],
+            [1e3 * size * (high - m) for size, m, (_, high) in zip(sizes, middle, spread)],
+        ]
+        throughput = [1 / m for m in middle]  # samples per second: the fewer seconds, the more samples
+        throughput_errors = [
+            [1 / m - 1 / high for m, (_, high) in zip(middle, spread)],
+            [1 / low - 1 / m for m, (low, _) in zip(middle, spread)],
+        ]
+        axes[0].errorbar(sizes, latency, yerr=latency_errors, marker="o", capsize=3, label=name)
+        axes[1].errorbar(sizes, throughput, yerr=throughput_errors, marker="o", capsize=3, label=name)
+    axes[0].set(ylabel="latency per batch, ms (median)", title="latency: a batch in, answers out")
+    axes[1].set(ylabel="throughput, samples/s (median)", title="throughput")
+    for ax in axes:
+        ax.set(xlabel="batch size", xscale="log", yscale="log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def data_parallel_timeline() -> Figure:
+    """One training step of nn.DataParallel and of DDP on two GPUs, lane by lane: a schematic (widths not measured)."""
+    colours = {"compute": "tab:blue", "copy": "tab:orange", "comm": "tab:green", "host": "tab:gray"}
+    ddp = [(0, 0.9, "own batch", "host"), (0.9, 1.5, "forward", "compute"), (2.4, 0.6, "loss", "compute")]
+    ddp += [(3.0, 1.8, "backward", "compute"), (3.5, 1.6, "all-reduce", "comm"), (5.1, 0.7, "step", "compute")]
+    gpu0 = [(0, 1.0, "scatter batch", "copy"), (1.0, 1.0, "copy weights", "copy"), (2.0, 1.5, "forward", "compute")]
+    gpu0 += [(3.5, 1.0, "gather out", "copy"), (4.5, 0.8, "loss", "compute"), (5.3, 1.5, "backward", "compute")]
+    gpu0 += [(6.8, 1.0, "sum grads", "copy"), (7.8, 0.7, "step", "compute")]
+    lanes = {
+        "DataParallel, GPU 0": gpu0,
+        "DataParallel, GPU 1": [(2.0, 1.5, "forward", "compute"), (5.3, 1.5, "backward", "compute")],
+        "DDP, rank 0 on GPU 0": ddp,
+        "DDP, rank 1 on GPU 1": ddp,
+    }
+    figure, ax = plt.subplots(figsize=(9, 3.2), layout="constrained")
+    for y, (lane, boxes) in enumerate(reversed(lanes.items())):
+        for start, width, label, kind in boxes:
+            # DDP's all-reduce runs while its backward pass does: the same time, in a band of its own below it
+            if kind == "comm":
+                bottom, height = y - 0.4, 0.3
+            else:
+                bottom, height = (y - 0.05, 0.4) if lane.startswith("DDP") else (y - 0.3, 0.6)
+            ax.broken_barh([(start + 0.03, width - 0.06)], (bottom, height), color=colours[kind], alpha=0.85)
+            centre = (start + width / 2, bottom + height / 2)
+            ax.text(*centre, label, ha="center", va="center", fontsize=7.5, color="white")
+    ax.set_yticks(range(len(lanes)), list(reversed(lanes)))
+    ax.set_xlabel("time within one training step (schematic)")
+    ax.spines[["top", "right"]].set_visible(False)
+    legend = ["compute", "copy through GPU 0", "all-reduce (overlaps backward)", "data loading"]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour, alpha=0.85) for colour in colours.values()]
+    ax.legend(handles, legend, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8, frameon=False)
     return figure

@@ -268,6 +268,18 @@ def _stop(processes: list, grace_s: float = 5.0) -> None:
             process.join(timeout=5.0)
 
 
+def is_running(pid: int) -> bool:
+    """Whether a process with this id exists (signal 0 only asks; nothing is sent)."""
+    check_int("pid", pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, but belongs to another user
+        return True
+    return True
+
+
 def torchrun_command(module: str, args: Sequence[str] = (), *, nproc_per_node: int = 2) -> list[str]:
     """The command line `torchrun --standalone --nproc_per_node=N -m module args...`, via this Python."""
     check_int("nproc_per_node", nproc_per_node)

@@ -158,10 +158,11 @@ class Measurement:
         axes[0].bar_label(bars, [f"x{self.time_ratio(name):.2f}" for name in names], fontsize=8, padding=2)
         axes[0].set(ylabel=f"ms per {self.unit} (median)", title=title or f"time on {self.device.type}")
         for ax, (label, key) in zip(axes[1:], memory):
-            values = [getattr(self[name], key) / 2**20 for name in names]
-            bars = ax.bar(labels, values, color="tab:orange")
-            ax.bar_label(bars, [f"{v:.1f}" for v in values], fontsize=8, padding=2)
-            ax.set(ylabel=f"{label}, MiB", title=label)
+            values = [getattr(self[name], key) for name in names]
+            power = min(3, max(0, int(max(values)).bit_length() - 1) // 10)  # the largest value's binary unit
+            bars = ax.bar(labels, [v / 1024**power for v in values], color="tab:orange")
+            ax.bar_label(bars, [format_bytes(v) for v in values], fontsize=8, padding=2)
+            ax.set(ylabel=f"{label}, {('B', 'KiB', 'MiB', 'GiB')[power]}", title=label)
         for ax in axes:
             ax.tick_params(axis="x", labelrotation=20 if max(len(text) for text in labels) > 8 else 0)
             ax.margins(y=0.15)
@@ -218,6 +219,16 @@ def measure(
     return Measurement(device, results, baseline, unit, dict(labels or {}))
 
 
+def powers_up_to(largest: int, base: int) -> list[int]:
+    """The sizes of a sweep: 1, base, base**2, ... while below `largest`, then `largest` (256, 4: 1, 4, 16, 64, 256)."""
+    check_int("largest", largest)
+    check_int("base", base, minimum=2)
+    sizes = [1]
+    while sizes[-1] * base < largest:
+        sizes.append(sizes[-1] * base)
+    return sizes if largest == 1 else [*sizes, largest]
+
+
 def precision_steps(
     model: torch.nn.Module,
     inputs: torch.Tensor,
@@ -226,19 +237,22 @@ def precision_steps(
     precisions: Sequence[str],
     device: torch.device | str,
     lr: float = 0.01,
+    accumulation_steps: int = 1,
 ) -> dict[str, Callable[[], object]]:
     """One training step of `model` on one batch per precision ('fp32', 'bf16', 'fp16'), ready for `measure`.
 
     A step is `helpers.loop.train_epoch` over the one batch: forward and loss under autocast (none for fp32),
-    backward, SGD step (through a GradScaler for fp16). Each precision trains its own copy of `model`, so
-    `model` itself is left alone.
+    backward, SGD step (through a GradScaler for fp16). With `accumulation_steps` the batch is cut into that
+    many micro-batches (`torch.chunk`: fewer when the batch is smaller), whose gradients make the one step.
+    Each precision trains its own copy of `model`, so `model` itself is left alone.
     """
     import torch.nn.functional as F
 
     if isinstance(precisions, str) or not precisions or any(p not in PRECISIONS for p in precisions):
         raise ValueError(f"precisions must be a non-empty list drawn from {tuple(PRECISIONS)}, got {precisions!r}")
+    check_int("accumulation_steps", accumulation_steps)
     device = torch.device(device)
-    batch = [(inputs.to(device), targets.to(device))]
+    batch = list(zip(inputs.to(device).chunk(accumulation_steps), targets.to(device).chunk(accumulation_steps)))
     steps: dict[str, Callable[[], object]] = {}
     for name in precisions:
         amp = None if name == "fp32" else name
@@ -252,6 +266,7 @@ def precision_steps(
             optimizer,
             F.cross_entropy,
             device=device,
+            accumulation_steps=accumulation_steps,
             amp=amp,
             scaler=scaler,
             progress=False,

@@ -74,6 +74,18 @@ def test_states_equal_compares_across_devices_and_sees_a_difference():
         assert _states_equal({k: v.cuda() for k, v in a.items()}, a)
 
 
+def test_public_states_equal_compares_nested_optimizer_states_bit_for_bit():
+    model, optimizer, scheduler, _ = _training_objects()
+    _one_step(model, optimizer, scheduler)
+    state = optimizer.state_dict()
+    copied = pickle.loads(pickle.dumps(state))
+    assert ckpt.states_equal(state, copied) and ckpt.states_equal([1, (2.0, "a")], [1, [2.0, "a"]])
+    copied["state"][0]["exp_avg"][0] += 1.0
+    assert not ckpt.states_equal(state, copied)
+    assert not ckpt.states_equal({"w": torch.ones(2)}, {"w": [1.0, 1.0]})  # a tensor equals only a tensor
+    assert not ckpt.states_equal([1, 2], [1, 2, 3]) and not ckpt.states_equal({"a": 1}, {"b": 1})
+
+
 def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa["param_groups"] == sb["param_groups"] and all(

@@ -130,3 +130,18 @@ def test_make_loader_with_a_worker_delivers_everything():
     loader = make_loader(dataset, batch_size=100, num_workers=1, seed=0, shuffle=True)
     labels = torch.cat([y for _, y in loader])
     assert sorted(labels.tolist()) == sorted(dataset.targets.tolist())
+
+
+def test_luma_weights_are_the_gray_of_pil_and_torchvision():
+    import numpy as np
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    from helpers.data import LUMA
+
+    colours = np.random.default_rng(0).integers(0, 256, size=(1, 64, 3), dtype=np.uint8)
+    ours = colours.astype(np.float64) @ np.array(LUMA)
+    pil = np.asarray(Image.fromarray(colours).convert("L"), dtype=np.float64)
+    torchvision = v2.Grayscale()(torch.from_numpy(colours).permute(2, 0, 1)).double()[0]
+    assert sum(LUMA) == pytest.approx(1.0)
+    assert np.abs(ours - pil).max() <= 1 and (torch.from_numpy(ours) - torchvision).abs().max() <= 1  # 8-bit rounding

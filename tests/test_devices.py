@@ -147,3 +147,62 @@ def test_fill_sizes_fills_only_the_parameters_left_at_none():
     assert chosen == {"WIDTH": expected["WIDTH"], "BATCH_SIZE": expected["BATCH_SIZE"]}
     assert namespace == {"WIDTH": expected["WIDTH"], "DEPTH": 3, "BATCH_SIZE": expected["BATCH_SIZE"], "SEED": 0}
     assert fill_sizes(namespace, "mixed_precision", "cpu") == {}  # a second run (the knobs' Run) changes nothing
+
+
+@pytest.mark.parametrize(
+    "number, version",
+    [(8600, (8, 6, 0)), (8902, (8, 9, 2)), (90100, (9, 1, 0)), (91002, (9, 10, 2)), (92400, (9, 24, 0))],
+)
+def test_parse_cudnn_version_reads_both_numberings(number, version):
+    from helpers.devices import parse_cudnn_version
+
+    assert parse_cudnn_version(number) == version
+
+
+@pytest.mark.parametrize("bad", [-1, 0, 999, "9.1.0", 9.1, True, None])
+def test_parse_cudnn_version_refuses_what_is_not_a_cudnn_number(bad):
+    from helpers.devices import parse_cudnn_version
+
+    with pytest.raises(ValueError, match="number must be a cuDNN version"):
+        parse_cudnn_version(bad)
+
+
+@pytest.mark.parametrize(
+    "arch_list, capability, runs",
+    [
+        (["sm_80"], (8, 0), True),
+        (["sm_80"], (8, 6), True),  # a binary runs on later minors of its major
+        (["sm_80"], (9, 0), False),  # not on the next major
+        (["sm_86"], (8, 0), False),  # nor on an earlier GPU
+        (["compute_80"], (9, 0), True),  # PTX is compiled at load time for any later GPU
+        (["sm_90a"], (9, 0), True),
+        (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (12, 0), True),
+        (["sm_100"], (12, 0), False),
+        (["gfx90a"], (9, 0), False),  # a ROCm architecture never matches a CUDA capability
+        ([], (8, 0), False),  # a CPU-only build
+    ],
+)
+def test_arch_runs_on_follows_binary_and_ptx_compatibility(arch_list, capability, runs):
+    from helpers.devices import arch_runs_on
+
+    assert arch_runs_on(arch_list, capability) is runs
+
+
+def test_arch_runs_on_refuses_a_single_string():
+    from helpers.devices import arch_runs_on
+
+    with pytest.raises(TypeError, match="arch_list must be a list"):
+        arch_runs_on("sm_80", (8, 0))
+
+
+def test_cuda_versions_reads_this_build():
+    from helpers.devices import cuda_versions, parse_cudnn_version
+
+    versions = cuda_versions()
+    assert versions.torch == torch.__version__ and versions.cuda == torch.version.cuda
+    assert versions.arch_list == torch.cuda.get_arch_list()
+    if torch.backends.cudnn.is_available():
+        assert versions.cudnn == parse_cudnn_version(torch.backends.cudnn.version())
+    else:
+        assert versions.cudnn is None
+    assert versions.driver is None or versions.driver[0].isdigit()

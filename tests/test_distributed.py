@@ -18,19 +18,12 @@ from helpers.distributed import (
     print_rank0,
     setup_process_group,
     teardown_process_group,
+    world_of_one,
 )
-from helpers.processes import RankError, launch, run_torchrun, torchrun_command
+from helpers.processes import RankError, is_running, launch, run_torchrun, torchrun_command
 from helpers.workers import ddp as workers
 
 NO_GPU_PAIR = not torch.cuda.is_available() or torch.cuda.device_count() < 2
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _pids(folder) -> list[int]:
@@ -86,6 +79,29 @@ def test_setup_and_teardown_a_world_of_one():
         teardown_process_group()
     teardown_process_group()  # a second call is harmless
     assert is_rank0()
+
+
+def test_world_of_one_is_rank_0_of_1_inside_the_block_and_gone_after():
+    import torch.distributed as dist
+
+    with world_of_one(timeout_s=30) as device:
+        assert device == torch.device("cpu") and dist.get_rank() == 0 and dist.get_world_size() == 1
+        assert all_reduce_metrics({"x": 2.0}) == {"x": 2.0}
+    assert not dist.is_initialized()
+    with pytest.raises(ZeroDivisionError), world_of_one(timeout_s=30):
+        1 / 0  # noqa: B018
+    assert not dist.is_initialized()  # left even when the block raised
+
+
+def test_is_running_tells_a_live_process_from_a_finished_one():
+    import subprocess
+
+    assert is_running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its id no longer names a process
+    assert not is_running(child.pid)
+    with pytest.raises(ValueError, match="pid must be a positive int"):
+        is_running(0)
 
 
 @pytest.mark.parametrize(
@@ -199,19 +215,13 @@ def test_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_with_set_epoch
     assert all(row["epoch0_again"] == row["epoch0"] and row["epoch1"] != row["epoch0"] for row in results)
 
 
-def _full_batch_gradient(seed, inputs, targets):
-    model = workers.build_model(workers.TrainConfig(seed=seed))
-    torch.nn.functional.cross_entropy(model(inputs), targets).backward()
-    return workers.flat_gradient(model)
-
-
 @pytest.mark.slow
 def test_hand_averaging_ddp_and_one_process_agree_and_no_sync_does_not_communicate():
     seed, batch = 2**32 - 1, 6  # the largest seed a notebook accepts
     results = launch(workers.gradients_worker, 2, args=(seed, batch), timeout_s=120)
     inputs, targets = workers.gradient_batch(seed, 4 * batch)
-    first_half = _full_batch_gradient(seed, inputs[: 2 * batch], targets[: 2 * batch])
-    everything = _full_batch_gradient(seed, inputs, targets)
+    first_half = workers.full_batch_gradient(seed, inputs[: 2 * batch], targets[: 2 * batch])
+    everything = workers.full_batch_gradient(seed, inputs, targets)
     assert not torch.allclose(results[0]["local"], results[1]["local"])
     assert not torch.allclose(results[0]["under_no_sync"], results[1]["under_no_sync"])
     for row in results:
@@ -233,7 +243,7 @@ def test_a_rank_that_raises_ends_the_run_with_its_rank_and_traceback(tmp_path, b
     assert f"rank {bad_rank} was told to fail" in error.traceback_text and "Traceback" in error.traceback_text
     assert f"rank {bad_rank} of 2 raised ValueError" in str(error)
     pids = _pids(tmp_path)
-    assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
+    assert len(pids) == 2 and not any(is_running(pid) for pid in pids)
 
 
 @pytest.mark.slow
@@ -242,7 +252,7 @@ def test_a_rank_that_dies_without_a_word_is_named(tmp_path):
         launch(workers.failing_worker, 2, args=(1, "exit", str(tmp_path)), timeout_s=60)
     assert caught.value.rank == 1 and caught.value.error_type == "ProcessExit"
     assert "exited with code 3" in str(caught.value)
-    assert not any(_alive(pid) for pid in _pids(tmp_path))
+    assert not any(is_running(pid) for pid in _pids(tmp_path))
 
 
 @pytest.mark.slow
@@ -253,7 +263,7 @@ def test_a_hanging_rank_hits_the_timeout_and_every_rank_is_stopped(tmp_path):
         launch(workers.failing_worker, 2, args=(1, "hang", str(tmp_path)), timeout_s=20)
     assert time.monotonic() - start < 20 + 15  # the timeout, plus at most the grace period to stop the ranks
     pids = _pids(tmp_path)
-    assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
+    assert len(pids) == 2 and not any(is_running(pid) for pid in pids)
 
 
 @pytest.mark.slow
@@ -278,6 +288,7 @@ def test_gradient_batch_checks_its_input_and_flat_gradient_covers_every_paramete
     flat = workers.flat_gradient(model)
     assert flat.numel() == sum(p.numel() for p in model.parameters())
     assert torch.equal(flat, torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    assert torch.equal(workers.full_batch_gradient(1, inputs, targets), flat)  # the same, from a fresh seeded model
     with pytest.raises(ValueError, match="samples must be an int in"):
         workers.gradient_batch(1, 0)
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.grads import batch_gradient, flat_grad, max_abs_diff
+from helpers.grads import batch_gradient, flat_grad, gradient_of, max_abs_diff
 from helpers.models import MLP
 
 LOSS = nn.CrossEntropyLoss()
@@ -107,3 +107,20 @@ def test_batch_gradient_bad_inputs():
         batch_gradient(model, LOSS, [x, 3], y)
     with pytest.raises(TypeError, match="targets must be a tensor"):
         batch_gradient(model, LOSS, x, [0] * 8)
+
+
+def test_gradient_of_reads_what_run_left_in_grad_and_clears_before_and_after():
+    torch.manual_seed(0)
+    model = MLP()
+    x, y = _data(12)
+    LOSS(model(x), y).backward()  # a stale gradient: cleared before run
+    twice = gradient_of(model, lambda: (LOSS(model(x), y).backward(), LOSS(model(x), y).backward()))
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.allclose(twice, 2 * batch_gradient(model, LOSS, x, y))
+
+
+def test_gradient_of_bad_inputs():
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        gradient_of(lambda: None, lambda: None)
+    with pytest.raises(TypeError, match="run must be"):
+        gradient_of(MLP(), None)

@@ -11,8 +11,9 @@ SPEC = {
     "DROPOUT": knobs.float_range(0.0, 0.9, minimum=0.0, maximum=0.99),
     "PROGRESS": knobs.checkbox(),
     "SEED": knobs.seed_knob(),
+    "DEVICE": knobs.choice(["auto", "cpu"]),
 }
-GOOD = {"LR": 0.01, "EPOCHS": 3, "AMP": None, "DROPOUT": 0.1, "PROGRESS": True, "SEED": 0}
+GOOD = {"LR": 0.01, "EPOCHS": 3, "AMP": None, "DROPOUT": 0.1, "PROGRESS": True, "SEED": 0, "DEVICE": "auto"}
 
 
 def test_check_values_accepts_and_converts():
@@ -42,6 +43,8 @@ def test_values_beyond_the_slider_are_accepted(change):
         ({"DROPOUT": 1.0}, ValueError, r"DROPOUT must be a number in \[0.0, 0.99\], got 1.0"),
         ({"SEED": -1}, ValueError, r"SEED must be an int in \[0, 4294967295\], got -1"),
         ({"SEED": 2**32}, ValueError, "SEED must be an int in"),
+        ({"SEED": "7"}, TypeError, r"SEED must be an int in \[0, 4294967295\], got str '7'"),
+        ({"DEVICE": "tpu"}, ValueError, r"DEVICE must be one of \['auto', 'cpu'\], got 'tpu'"),
     ],
 )
 def test_check_values_names_the_bad_parameter(change, error, message):

@@ -405,3 +405,18 @@ def test_scheduler_does_not_step_when_the_grad_scaler_skips():
         progress=False,
     )
     assert optimizer.param_groups[0]["lr"] == 0.5
+
+
+def test_fit_evaluates_only_when_no_gradients_are_pending(digits):
+    seed_everything(0)
+    model = MLP()
+    seen_in_eval = []  # has_pending_gradients at every evaluation forward
+    model.register_forward_pre_hook(lambda m, _: None if m.training else seen_in_eval.append(has_pending_gradients(m)))
+    loader = make_loader(Subset(digits[0], range(70)), batch_size=16)  # 5 micro-batches: groups of 2, 2 and 1
+    val_loader = make_loader(digits[1], batch_size=256)
+    history = fit(
+        model, loader, torch.optim.SGD(model.parameters(), lr=0.1), LOSS, device="cpu", epochs=2,
+        val_loader=val_loader, accumulation_steps=2, progress=False,
+    )  # fmt: skip
+    assert len(seen_in_eval) == 2 * len(val_loader) and not any(seen_in_eval)
+    assert [row["optimizer_steps"] for row in history] == [3, 3]

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.memory import format_bytes, model_state_bytes, peak_memory, saved_tensors_meter
+from helpers.memory import format_bytes, model_state_bytes, peak_memory, saved_peak_bytes, saved_tensors_meter
 from helpers.models import deep_linear_stack
 
 
@@ -172,3 +172,51 @@ def test_gradients_under_the_meter_equal_plain_gradients():
 def test_peak_memory_names_the_parameter_for_an_unknown_device(device):
     with pytest.raises(ValueError, match="device must be 'cuda', 'mps' or 'cpu'"), peak_memory(device):
         pass
+
+
+def test_saved_peak_bytes_is_the_meters_peak_and_one_graph_when_backward_runs_in_between():
+    model = deep_linear_stack(32, 4)
+    small, big = torch.randn(4, 32), torch.randn(16, 32)
+    one_after_the_other = saved_peak_bytes(lambda: (model(small).sum().backward(), model(big).sum().backward()))
+    together = saved_peak_bytes(lambda: (model(small).sum() + model(big).sum()).backward())
+    assert one_after_the_other == 5 * 16 * 32 * 4
+    assert together == 5 * (4 + 16) * 32 * 4
+    assert saved_peak_bytes(lambda: model(small).sum().backward(), exclude=[small]) == 4 * 4 * 32 * 4
+    with pytest.raises(TypeError, match="run must be"):
+        saved_peak_bytes(None)
+
+
+def test_include_parameters_adds_the_weights_of_every_linear_layer_but_the_first_when_the_input_needs_no_grad():
+    from helpers.models import MLP
+
+    model = MLP(64, (128, 64), 10)
+    images = torch.randn(16, 64)  # data: no gradient wanted, so the first Linear saves no weight for it
+
+    def step():
+        torch.nn.functional.cross_entropy(model(images), torch.zeros(16, dtype=torch.long)).backward()
+
+    added = saved_peak_bytes(step, include_parameters=True) - saved_peak_bytes(step)
+    assert added == model[3].weight.nbytes + model[5].weight.nbytes  # Linear 2 and 3 save weight.t() for their input
+
+
+def test_process_gpu_bytes_reads_this_process_line_of_nvidia_smi_or_falls_back_to_total_minus_free(monkeypatch):
+    import os
+    import subprocess
+
+    from helpers.memory import process_gpu_bytes
+
+    listed = f"123, 7\n{os.getpid()}, 42\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listed))
+    assert process_gpu_bytes("cuda") == (42 * 2**20, "nvidia-smi, this process")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * 2**20, 10 * 2**20))
+    for stdout in ("123, 7\n", "No devices were found\n", "[N/A], [N/A]\n"):  # not listed, no GPU line, no numbers
+        monkeypatch.setattr(subprocess, "run", lambda *a, stdout=stdout, **k: subprocess.CompletedProcess(a, 0, stdout))
+        assert process_gpu_bytes("cuda:0") == (7 * 2**20, "mem_get_info: total - free, all processes")
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert process_gpu_bytes("cuda")[0] == 7 * 2**20
+    with pytest.raises(ValueError, match="must be a CUDA device"):
+        process_gpu_bytes("cpu")

@@ -87,3 +87,50 @@ def test_an_executed_notebook_keeps_the_final_curves_and_summary(tmp_path):
     pngs = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.data]
     assert len(pngs) == 1
     assert "epoch 2: train_loss 0.5, val_accuracy 1" in "".join(o.get("text", "") for o in outputs)
+
+
+def test_latency_throughput_chart_draws_medians_per_batch_and_per_second():
+    import matplotlib.pyplot as plt
+
+    from helpers.plots import latency_throughput_chart
+
+    rounds = {"1 thread": {4: [0.002, 0.001, 0.003], 1: [0.004, 0.004, 0.004]}, "GPU": {1: [0.01], 4: [0.001]}}
+    figure = latency_throughput_chart(rounds, title="sweep")
+    latency, throughput = figure.axes
+    line = latency.get_lines()[0]
+    assert list(line.get_xdata()) == [1, 4]  # sorted by batch size
+    assert list(line.get_ydata()) == pytest.approx([4.0, 8.0])  # ms per batch: batch size x median s/sample
+    assert list(throughput.get_lines()[0].get_ydata()) == pytest.approx([250.0, 500.0])  # samples/s
+    assert latency.get_xscale() == latency.get_yscale() == "log"
+    assert [text.get_text() for text in latency.get_legend().get_texts()] == ["1 thread", "GPU"]
+    plt.close(figure)
+    for bad in ({}, {"a": {}}):
+        with pytest.raises(ValueError, match="seconds_per_sample must map"):
+            latency_throughput_chart(bad)
+
+
+def test_data_parallel_timeline_draws_four_lanes():
+    from helpers.plots import data_parallel_timeline
+
+    figure = data_parallel_timeline()
+    labels = [tick.get_text() for tick in figure.axes[0].get_yticklabels()]
+    assert labels == ["DDP, rank 1 on GPU 1", "DDP, rank 0 on GPU 0", "DataParallel, GPU 1", "DataParallel, GPU 0"]
+    assert {"all-reduce", "gather out", "sum grads"} <= {text.get_text() for text in figure.axes[0].texts}
+
+
+def test_image_grid_lays_out_titled_images_in_rows():
+    import torch
+
+    from helpers.plots import image_grid
+
+    gray, channel_first, rgb = np.zeros((6, 5)), torch.rand(1, 6, 5), np.zeros((6, 5, 3), dtype=np.uint8)
+    figure = image_grid({"gray": gray, "tensor [1, H, W]": channel_first, "rgb": rgb})
+    assert [ax.get_title() for ax in figure.axes] == ["gray", "tensor [1, H, W]", "rgb"]
+    assert figure.axes[1].images[0].get_array().shape == (6, 5)
+    pairs = [("same title", gray)] * 5  # a list of pairs keeps repeated titles
+    figure = image_grid(pairs, columns=2, title="five")
+    assert len(figure.axes) == 6 and sum(bool(ax.images) for ax in figure.axes) == 5
+    with pytest.raises(ValueError, match="images"):
+        image_grid({})
+    with pytest.raises(ValueError, match="columns"):
+        image_grid(pairs, columns=0)

@@ -81,6 +81,19 @@ def test_table_rows_and_chart_name_the_baseline_and_units():
     plt.close(figure)
 
 
+def test_chart_draws_memory_in_the_largest_values_binary_unit():
+    import matplotlib.pyplot as plt
+
+    measured = _fixed([0.001, 0.002, 0.003], [0.002, 0.004, 0.006])
+    measured["a"].saved_bytes, measured["b"].saved_bytes = 68608, 17152  # 67.00 KiB and 16.75 KiB
+    figure = measured.chart()
+    memory = figure.axes[1]
+    assert memory.get_ylabel() == "saved for backward, KiB"
+    assert [bar.get_height() for bar in memory.patches] == pytest.approx([67.0, 16.75])
+    assert [text.get_text() for text in memory.texts] == ["67.00 KiB", "16.75 KiB"]
+    plt.close(figure)
+
+
 def test_report_prints_the_table_and_one_sentence_per_variant(capsys):
     _fixed([1.0, 1.0, 1.0], [3.0, 3.0, 3.0]).report("title here")
     out = capsys.readouterr().out.splitlines()
@@ -118,6 +131,24 @@ def test_precision_steps_train_copies_and_leave_the_model_alone():
             precision_steps(model, inputs, targets, precisions=bad, device="cpu")
 
 
+def test_precision_steps_with_accumulation_make_one_step_from_micro_batches_holding_less_for_backward():
+    from helpers.memory import saved_peak_bytes
+
+    torch.manual_seed(0)
+    model = MLP(64, (16,), 10)
+    inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    whole = precision_steps(model, inputs, targets, precisions=["fp32"], device="cpu")["fp32"]
+    micro = precision_steps(model, inputs, targets, precisions=["fp32"], device="cpu", accumulation_steps=4)["fp32"]
+    done = micro()
+    assert (done.micro_batches, done.optimizer_steps, done.samples) == (4, 1, 8)
+    whole()
+    trained = [step.args[0] for step in (whole, micro)]  # the copies each step trains (train_epoch's model)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*(m.parameters() for m in trained)))
+    assert saved_peak_bytes(micro) < saved_peak_bytes(whole)
+    with pytest.raises(ValueError, match="accumulation_steps must be"):
+        precision_steps(model, inputs, targets, precisions=["fp32"], device="cpu", accumulation_steps=0)
+
+
 def test_cuda_peak_is_read_after_warm_up_around_one_more_call(monkeypatch):
     """On CUDA: timed rounds first, then one call between a peak reset and a peak read (its own peak)."""
     calls = []
@@ -131,3 +162,21 @@ def test_cuda_peak_is_read_after_warm_up_around_one_more_call(monkeypatch):
     assert calls[:2] == ["step", "synchronize"]  # warm-up, then the clock
     with pytest.raises(ValueError, match="cuda_peak=True needs a CUDA device"):
         measure({"a": lambda: None}, device="cpu", cuda_peak=True)
+
+
+@pytest.mark.parametrize(
+    "largest, base, sizes",
+    [(256, 4, [1, 4, 16, 64, 256]), (100, 4, [1, 4, 16, 64, 100]), (1, 4, [1]), (6, 2, [1, 2, 4, 6]), (2, 2, [1, 2])],
+)
+def test_powers_up_to_ends_at_the_largest_size(largest, base, sizes):
+    from helpers.rig import powers_up_to
+
+    assert powers_up_to(largest, base) == sizes
+
+
+@pytest.mark.parametrize("largest, base, message", [(0, 4, "largest"), (8, 1, "base"), (8.0, 2, "largest")])
+def test_powers_up_to_refuses_bad_sizes_by_name(largest, base, message):
+    from helpers.rig import powers_up_to
+
+    with pytest.raises((TypeError, ValueError), match=message):
+        powers_up_to(largest, base)

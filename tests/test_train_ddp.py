@@ -8,41 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader
 
 from helpers.checkpoint import load_checkpoint
 from helpers.cli.train_ddp import main, parse_args
-from helpers.data import DigitsDataset
-from helpers.distributed import GlobalBatchSampler
-from helpers.loop import evaluate, train_epoch
 from helpers.models import MLP
-from helpers.workers.ddp import TrainConfig, build_model, build_optimizer
+from helpers.workers.ddp import TrainConfig, build_model, train_one_process
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _one_process_twin(config: TrainConfig, world_size: int) -> tuple[list[float], nn.Module]:
-    """One process, batch world_size * batch_size, on the batches a DDP run sees: test accuracy per epoch, model."""
-    train_set, test_set = DigitsDataset("train"), DigitsDataset("test")
-    batches = GlobalBatchSampler(len(train_set), world_size, config.batch_size, seed=config.seed)
-    model = build_model(config)
-    optimizer = build_optimizer(model, config)
-    accuracies = []
-    for epoch in range(config.epochs):
-        batches.set_epoch(epoch)
-        train_epoch(
-            model,
-            DataLoader(train_set, batch_sampler=batches),
-            optimizer,
-            nn.CrossEntropyLoss(),
-            device="cpu",
-            progress=False,
-        )
-        accuracies.append(
-            evaluate(model, DataLoader(test_set, batch_size=256), nn.CrossEntropyLoss(), device="cpu").accuracy
-        )
-    return accuracies, model
 
 
 def _torchrun(*args: str) -> list[str]:
@@ -95,7 +67,8 @@ def test_torchrun_two_ranks_trains_logs_once_and_saves_a_plain_checkpoint(tmp_pa
     assert record["history"][-1]["samples_seen"] == 1348  # 1347 training digits, padded to 2 x 674
 
     # The same run in one process, on the same global batches, ends in the same place.
-    twin_accuracies, twin = _one_process_twin(TrainConfig(epochs=epochs, batch_size=batch, seed=seed, lr=0.05), 2)
+    twin_history, twin = train_one_process(TrainConfig(epochs=epochs, batch_size=batch, seed=seed, lr=0.05), 2)
+    twin_accuracies = [row["test_accuracy"] for row in twin_history]
     for name, value in twin.state_dict().items():
         torch.testing.assert_close(checkpoint["model"][name], value, rtol=1e-4, atol=1e-5)
     assert twin_accuracies == pytest.approx([row["test_accuracy"] for row in record["history"]], abs=2 / 450)
@@ -135,3 +108,19 @@ def test_bad_arguments_are_refused_with_a_message(argv, message, capsys):
 def test_train_config_checks_hidden_widths():
     with pytest.raises(ValueError, match="hidden must be a non-empty tuple of positive ints"):
         TrainConfig(hidden=(0,))
+
+
+def test_train_one_process_follows_the_global_batches_and_restores_threads():
+    config = TrainConfig(epochs=2, batch_size=16, seed=2**32 - 1)
+    threads = torch.get_num_threads()
+    history, model = train_one_process(config, 2, threads=1)
+    assert torch.get_num_threads() == threads
+    assert [row["epoch"] for row in history] == [1, 2] and all(0 <= row["test_accuracy"] <= 1 for row in history)
+    again, same = train_one_process(config, 2)
+    assert [row["test_accuracy"] for row in again] == [row["test_accuracy"] for row in history]
+    for name, value in same.state_dict().items():
+        torch.testing.assert_close(value, model.state_dict()[name])  # thread count: rounding at most
+    _, nudged = train_one_process(config, 2, nudge=0.5)
+    assert not torch.allclose(nudged.state_dict()["1.weight"], model.state_dict()["1.weight"])
+    with pytest.raises(ValueError, match="world_size must be a positive int"):
+        train_one_process(config, 0)

@@ -20,7 +20,7 @@ also allows elastic ranges such as --nnodes=1:4 and restarts with --max_restarts
 
 torchrun gives every process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the script
 reads them through init_process_group("env://"). Run without torchrun it trains as a world of one.
-The training itself is helpers.workers.ddp.train_ddp, the loop notebook 05 shows: only rank 0 logs
+The training itself is helpers.workers.ddp.train_ddp, the loop notebook 06 shows: only rank 0 logs
 and writes the checkpoint (the bare model's state_dict, without DDP's `module.` prefix) and a
 history.json with one row of metrics per epoch.
 """

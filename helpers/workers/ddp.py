@@ -1,9 +1,10 @@
-"""What the ranks of notebook 05 run, and the DDP training loop that `torchrun -m helpers.cli.train_ddp` runs.
+"""What the ranks of notebook 06 run, and the DDP training loop that `torchrun -m helpers.cli.train_ddp` runs.
 
 A spawned rank imports its function by name, so these live in a module, never in a notebook.
 helpers.processes.launch calls each worker as worker(rank, world_size, *args) with the default
 process group already set up; the workers return plain values or tensors. `train_ddp` is one rank's
-whole training run (sampler, DDP wrapper, the step, metrics, rank-0 logging and checkpoint).
+whole training run (sampler, DDP wrapper, the step, metrics, rank-0 logging and checkpoint);
+`train_one_process` is its one-process twin, on the very batches the ranks see together.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from helpers.checkpoint import save_checkpoint, unwrap_model
 from helpers.checks import check_int, check_positive_number
 from helpers.data import DigitsDataset
-from helpers.distributed import all_reduce_metrics, print_rank0, rank_device
+from helpers.distributed import GlobalBatchSampler, all_reduce_metrics, print_rank0, rank_device
+from helpers.loop import evaluate, train_epoch
 from helpers.models import MLP
 
 FAILURE_MODES = ("raise", "exit", "hang")
@@ -135,6 +137,13 @@ def gradient_batch(seed: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]
     check_int("samples", samples, maximum=len(dataset))
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples]
     return dataset.images[order], dataset.targets[order]
+
+
+def full_batch_gradient(seed: int, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The one-process reference: the flat gradient of the mean loss over the whole batch, from the seeded model."""
+    model = build_model(TrainConfig(seed=seed))
+    nn.functional.cross_entropy(model(inputs), targets).backward()
+    return flat_gradient(model)
 
 
 def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> dict:
@@ -332,3 +341,35 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
         print_rank0(f"saved {path}", flush=True)
     dist.barrier()  # nobody leaves before rank 0 has written its files
     return history
+
+
+def train_one_process(
+    config: TrainConfig, world_size: int, *, nudge: float = 0.0, threads: int | None = None
+) -> tuple[list[dict], nn.Module]:
+    """train_ddp's twin in this process, on the CPU: batches of world_size * batch_size, each one every rank's batch.
+
+    The batches come from GlobalBatchSampler (the ranks' DistributedSampler batches, joined), so with a mean loss
+    each step's gradient is the one DDP averages. `nudge` scales the starting weights by (1 + nudge); `threads`
+    sets torch's CPU threads for the run (restored after). Returns one row per epoch and the trained model.
+    """
+    check_int("world_size", world_size)
+    train_set, test_set = DigitsDataset("train"), DigitsDataset("test")
+    batches = GlobalBatchSampler(len(train_set), world_size, config.batch_size, seed=config.seed)
+    loader, test_loader = DataLoader(train_set, batch_sampler=batches), DataLoader(test_set, batch_size=256)
+    model = build_model(config)  # the same starting weights as every rank
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1 + nudge)
+    optimizer = build_optimizer(model, config)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads or threads_before)
+    history = []
+    try:
+        for epoch in range(config.epochs):
+            batches.set_epoch(epoch)  # the order every rank's DistributedSampler uses in this epoch
+            train = train_epoch(model, loader, optimizer, nn.CrossEntropyLoss(), device="cpu", progress=False)
+            test = evaluate(model, test_loader, nn.CrossEntropyLoss(), device="cpu")
+            history.append({"epoch": epoch + 1, "test_accuracy": test.accuracy, "seconds": train.seconds})
+    finally:
+        torch.set_num_threads(threads_before)
+    return history, model
