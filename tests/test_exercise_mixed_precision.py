@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.exercises.mixed_precision import check_amp_step
+from helpers.exercises.mixed_precision import check_amp_step, weights_after_three_steps
 
 
 def step_inside_autocast(model, optimizer, scaler, inputs, targets, dtype, max_norm):
@@ -49,3 +49,12 @@ def step_clipping_scaled_gradients(model, optimizer, scaler, inputs, targets, dt
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_amp_step(wrong)
+
+
+def test_weights_after_three_steps_start_from_the_seed_and_note_a_step_inside_autocast():
+    """The notebook compares its own steps with train_epoch through it, on its device and with its seed."""
+    first, inside = weights_after_three_steps(None, "bf16", seed=1)
+    again, _ = weights_after_three_steps(None, "bf16", "cpu", seed=1)
+    other, _ = weights_after_three_steps(None, "bf16", seed=2)
+    assert torch.equal(first, again) and not torch.equal(first, other) and not inside
+    assert weights_after_three_steps(step_inside_autocast, "fp16", seed=1)[1]

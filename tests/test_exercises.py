@@ -54,10 +54,13 @@ def test_every_notebook_has_an_exercise_whose_stub_it_calls_by_name():
     from pathlib import Path
 
     for path in sorted(Path(__file__).resolve().parents[1].joinpath("notebooks").glob("*.ipynb")):
-        code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+        code = "\n".join(
+            "".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"
+        )
         names = [name for name in EXERCISES if f"({name})" in code]
         assert names, f"{path.name} calls no exercise check on the learner's function"
         for name in names:
-            assert "raise NotImplementedError" in code and (f"def {name}(" in code or f"class {name}(" in code), (
+            defined = f"def {name}(" in code or f"class {name}(" in code or f"class {name}:" in code
+            assert "raise NotImplementedError" in code and defined, (
                 f"{path.name}: the stub {name} must be defined in the notebook and raise NotImplementedError"
             )

@@ -47,7 +47,9 @@ class Exercise:
                     f"{self.name} is still the stub (it raises NotImplementedError): replace its body with your "
                     "code in the cell above, run that cell, then run this one again"
                 ) from None
-            print(f"{self.name} is still the stub; {ENVIRONMENT_VARIABLE}=reference: the reference solution was checked")
+            print(
+                f"{self.name} is still the stub; {ENVIRONMENT_VARIABLE}=reference: the reference solution was checked"
+            )
             line = self.check(self.reference)
         print(line)
 

@@ -27,19 +27,28 @@ def reference_amp_step(model, optimizer, scaler, inputs, targets, dtype, max_nor
     optimizer.zero_grad(set_to_none=True)
 
 
-def _weights_after_three_steps(step: Callable | None, amp: str) -> tuple[torch.Tensor, bool]:
-    """Weights after 3 CPU steps of `step` (train_epoch when None) on digits, and whether a step ran in autocast."""
-    torch.manual_seed(0)
-    model = MLP(64, (32,), 10)
+def weights_after_three_steps(
+    step: Callable | None, amp: str, device: torch.device | str = "cpu", *, seed: int = 0
+) -> tuple[torch.Tensor, bool]:
+    """Weights after 3 steps of `step` (train_epoch when None) on digits, and whether a step ran in autocast.
+
+    `step(model, optimizer, scaler, inputs, targets, dtype, max_norm)` trains an MLP 64-32-10 (SGD, momentum 0.9)
+    on the first three batches of 32 training digits, clipping to 0.1; every call starts from the same weights.
+    """
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    model = MLP(64, (32,), 10).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     digits = DigitsDataset("train")
-    batches = [(digits.images[i : i + 32], digits.targets[i : i + 32]) for i in (0, 32, 64)]
+    batches = [(digits.images[i : i + 32].to(device), digits.targets[i : i + 32].to(device)) for i in (0, 32, 64)]
     in_autocast = []
-    optimizer.register_step_pre_hook(lambda *_: in_autocast.append(torch.is_autocast_enabled("cpu")))
+    optimizer.register_step_pre_hook(lambda *_: in_autocast.append(torch.is_autocast_enabled(device.type)))
     if step is None:
-        train_epoch(model, batches, optimizer, F.cross_entropy, device="cpu", amp=amp, max_grad_norm=0.1, progress=False)
+        train_epoch(
+            model, batches, optimizer, F.cross_entropy, device=device, amp=amp, max_grad_norm=0.1, progress=False
+        )
     else:
-        scaler = torch.amp.GradScaler("cpu", enabled=amp == "fp16")
+        scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         for inputs, targets in batches:
             step(model, optimizer, scaler, inputs, targets, PRECISIONS[amp], 0.1)
     return torch.cat([p.detach().flatten() for p in model.parameters()]), any(in_autocast)
@@ -50,8 +59,10 @@ def check_amp_step(my_amp_step: Callable) -> str:
     """3 steps of my_amp_step on the CPU in bf16 and fp16 must give train_epoch(amp=..., max_grad_norm=0.1)'s weights."""
     same = {}
     for amp in ("bf16", "fp16"):
-        (mine, inside), (helper, _) = _weights_after_three_steps(my_amp_step, amp), _weights_after_three_steps(None, amp)
-        assert not inside, "hint: optimizer.step() ran inside autocast: close the `with torch.autocast(...)` block after the loss"
+        (mine, inside), (helper, _) = weights_after_three_steps(my_amp_step, amp), weights_after_three_steps(None, amp)
+        assert not inside, (
+            "hint: optimizer.step() ran inside autocast: close the `with torch.autocast(...)` block after the loss"
+        )
         same[amp] = torch.equal(mine, helper)
     assert same["bf16"], (
         "hint: with bf16 (no scaling) the weights differ from train_epoch's: forward and loss under "

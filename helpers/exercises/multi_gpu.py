@@ -1,0 +1,62 @@
+"""Multi-GPU: the gradient a data-parallel step applies, from replicas that got unequal torch.chunk pieces of a batch
+(as nn.DataParallel cuts it), equal to the gradient of the mean loss over the whole batch."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from helpers.workers.ddp import TrainConfig, build_model, flat_gradient, full_batch_gradient, gradient_batch
+
+from . import exercise
+
+SEED = 0
+CASES = ((2, 32), (2, 33), (3, 10), (4, 5))  # (devices, rows): even pieces, then [17, 16], [4, 4, 2], [2, 2, 1]
+
+
+def reference_gradient_from_replicas(model, inputs, targets, n_devices):
+    """The gradient of the mean loss over the batch, from one replica per torch.chunk piece."""
+    total = 0
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()
+        total = total + flat_gradient(replica) * len(piece_targets)  # a piece counts by its rows
+    return total / len(targets)
+
+
+def _pieces(rows: int, n_devices: int) -> list[int]:
+    return [len(piece) for piece in torch.arange(rows).chunk(n_devices)]
+
+
+@exercise("gradient_from_replicas", reference=reference_gradient_from_replicas)
+def check_gradient_from_replicas(gradient_from_replicas: Callable) -> str:
+    """On a seeded MLP and digits, the learner's gradient must equal one process's full-batch gradient, per case."""
+    worst = 0.0
+    for n_devices, rows in CASES:
+        inputs, targets = gradient_batch(SEED, rows)
+        model = build_model(TrainConfig(seed=SEED))
+        mine = gradient_from_replicas(model, inputs, targets, n_devices)
+        expected = full_batch_gradient(SEED, inputs, targets)
+        assert all(p.grad is None for p in model.parameters()), (
+            "hint: `model` now holds gradients: call backward on each copy.deepcopy(model) replica, not on model"
+        )
+        assert isinstance(mine, torch.Tensor) and mine.shape == expected.shape, (
+            f"hint: return one flat vector of {expected.numel()} numbers (workers.flat_gradient(replica) gives one per "
+            f"replica), not one tensor per parameter; got {type(mine).__name__}"
+        )
+        pieces = _pieces(rows, n_devices)
+        assert torch.allclose(mine, expected, rtol=1e-4, atol=1e-6), (
+            f"hint: off by up to {float((mine - expected).abs().max()):.1e} with {rows} rows in pieces of {pieces}"
+            + (
+                ": a plain mean over the replicas counts a short piece as much as a full one; weight each replica's "
+                f"gradient by its rows, then divide by all {rows}"
+                if len(set(pieces)) > 1
+                else ": backpropagate each piece's mean cross_entropy on its own replica, then combine the gradients"
+            )
+        )
+        worst = max(worst, float((mine - expected).abs().max()))
+    shapes = ", ".join(str(_pieces(rows, n)) for n, rows in CASES[1:])
+    return f"✓ gradient_from_replicas gave the full-batch gradient for pieces {shapes} (max diff {worst:.0e})"

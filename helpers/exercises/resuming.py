@@ -1,0 +1,140 @@
+"""Saving and resuming: write the save and the resume of a training run, so that a run stopped and resumed ends
+bit-identical to one that never stopped."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from helpers.checkpoint import states_equal
+from helpers.data import DigitsDataset
+from helpers.models import MLP
+
+from . import exercise
+
+
+class ReferenceTrainingCheckpoint:
+    """Save everything the next training step depends on, and put it back into freshly built objects."""
+
+    def save(self, path, model, optimizer, scheduler, *, epoch, position):
+        """Write the state to `path` atomically; it loads with torch.load(path, weights_only=True)."""
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),  # the dropout masks to come
+            "epoch": epoch,
+            "position": position,
+        }
+        temporary = Path(path).with_name(f".{Path(path).name}.tmp")
+        with open(temporary, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)  # the old file or the new one, never half of one
+
+    def resume(self, path, model, optimizer, scheduler):
+        """Load `path` into these objects and the random state; return (epoch, position) to go on from."""
+        state = torch.load(path, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        return state["epoch"], state["position"]
+
+
+# The check's run: an MLP with dropout on the first 192 training digits, AdamW, a cosine schedule, batches of 16
+# (12 steps per epoch), each epoch's order drawn from a generator seeded with SEED + epoch. It stops after step 12
+# (an epoch boundary) and after step 17 (mid-epoch).
+SAMPLES, BATCH, STEPS, SEED, STOPS = 192, 16, 30, 5, (12, 17)
+
+
+def _build() -> tuple:
+    torch.manual_seed(SEED)
+    model = MLP(64, (32,), 10, dropout=0.3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=1e-4)
+    return model, optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS)
+
+
+def _train(run: tuple, data: tuple, epoch: int, position: int, stop: int) -> tuple[int, int]:
+    """Train from (epoch, position) until `stop` steps are done; return where the data stands then."""
+    (model, optimizer, scheduler), (images, targets) = run, data
+    step = epoch * (SAMPLES // BATCH) + position // BATCH
+    model.train()
+    while step < stop:
+        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
+        for start in range(position, SAMPLES, BATCH):
+            batch = order[start : start + BATCH]
+            loss = F.cross_entropy(model(images[batch]), targets[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            step, position = step + 1, start + len(batch)
+            if position == SAMPLES:  # the epoch is over: the next one starts at its beginning
+                epoch, position = epoch + 1, 0
+            if step == stop:
+                break
+    return epoch, position
+
+
+def _stop_and_resume(training_checkpoint: Callable, data: tuple, stop: int, straight: dict) -> None:
+    """Train to `stop`, save, resume into fresh objects in a fresh random state, train to the end; check each part."""
+    stopped = _build()
+    epoch, position = _train(stopped, data, 0, 0, stop)
+    rng_at_stop = torch.get_rng_state()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "state.pt"
+        training_checkpoint().save(path, *stopped, epoch=epoch, position=position)
+        try:
+            torch.load(path, weights_only=True)
+        except Exception as error:
+            raise AssertionError(
+                f"hint: the file does not load with torch.load(path, weights_only=True) ({type(error).__name__}): "
+                "store only tensors, numbers, strings and lists/dicts of them (state_dict()s are such)"
+            ) from None
+        fresh = _build()
+        torch.manual_seed(SEED + 1000 + stop)  # another process: its random state is not the stopped run's
+        where = training_checkpoint().resume(path, *fresh)  # a new object: nothing carried over in memory
+    parts = dict(zip(("model", "optimizer", "scheduler"), zip(stopped, fresh)))
+    assert states_equal(parts["model"][0].state_dict(), parts["model"][1].state_dict()), (
+        "hint: the resumed model's weights are not the stopped run's: save model.state_dict(), load_state_dict it"
+    )
+    assert states_equal(parts["optimizer"][0].state_dict(), parts["optimizer"][1].state_dict()), (
+        "hint: the optimizer state was not restored: AdamW's moment estimates and step counts live in "
+        "optimizer.state_dict(); without them the next steps differ"
+    )
+    assert states_equal(parts["scheduler"][0].state_dict(), parts["scheduler"][1].state_dict()), (
+        "hint: the scheduler was not restored: the cosine schedule starts again at its first learning rate; "
+        "save scheduler.state_dict() and load it back"
+    )
+    assert torch.equal(torch.get_rng_state(), rng_at_stop), (
+        "hint: the random state was not restored, so the dropout masks after the resume differ: save "
+        "torch.get_rng_state() and put it back with torch.set_rng_state()"
+    )
+    assert isinstance(where, (tuple, list)) and len(where) == 2 and tuple(where) == (epoch, position), (
+        f"hint: resume returned {where!r}, but the run stopped in epoch {epoch} with {position} samples of that "
+        "epoch's order used: the place in the data; save both and return (epoch, position)"
+    )
+    _train(fresh, data, epoch, position, STEPS)
+    assert states_equal(fresh[0].state_dict(), straight), (
+        "hint: every part was restored, yet the run ended elsewhere: does resume change anything after loading?"
+    )
+
+
+@exercise("TrainingCheckpoint", reference=ReferenceTrainingCheckpoint)
+def check_training_checkpoint(training_checkpoint: Callable) -> str:
+    """Stopped after step 12 (an epoch boundary) and 17 (mid-epoch): resumed, the run ends bit-identical."""
+    digits = DigitsDataset("train")
+    data = (digits.images[:SAMPLES], digits.targets[:SAMPLES])
+    straight_run = _build()
+    _train(straight_run, data, 0, 0, STEPS)
+    straight = straight_run[0].state_dict()
+    for stop in STOPS:
+        _stop_and_resume(training_checkpoint, data, stop, straight)
+    return "✓ TrainingCheckpoint: stopped at an epoch boundary and mid-epoch, resumed runs ended bit-identical"

@@ -1,0 +1,61 @@
+"""The replicas'-gradient exercise gives each kind of mistake its own hint."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.exercises.multi_gpu import check_gradient_from_replicas
+from helpers.workers.ddp import flat_gradient
+
+
+def plain_mean_over_replicas(model, inputs, targets, n_devices):
+    grads = []
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()
+        grads.append(flat_gradient(replica))
+    return torch.stack(grads).mean(dim=0)  # right only when the pieces are equally large
+
+
+def backward_on_the_model(model, inputs, targets, n_devices):
+    total = 0
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        model.zero_grad()
+        F.cross_entropy(model(piece_inputs), piece_targets).backward()  # the right numbers, left on model itself
+        total = total + flat_gradient(model) * len(piece_targets)
+    return total / len(targets)
+
+
+def per_parameter_tensors(model, inputs, targets, n_devices):
+    totals = [torch.zeros_like(p) for p in model.parameters()]
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()
+        for total, p in zip(totals, replica.parameters()):
+            total += p.grad * len(piece_targets) / len(targets)
+    return totals  # one tensor per parameter, not one flat vector
+
+
+def summed_losses(model, inputs, targets, n_devices):
+    total = 0
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()
+        total = total + flat_gradient(replica)  # summed, as DataParallel's backward does, but never averaged
+    return total
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (plain_mean_over_replicas, "a plain mean over the replicas counts a short piece"),
+        (backward_on_the_model, "`model` now holds gradients"),
+        (per_parameter_tensors, "return one flat vector"),
+        (summed_losses, "backpropagate each piece's mean cross_entropy on its own replica"),
+    ],
+)
+def test_each_mistake_gets_its_hint(wrong, hint):
+    with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
+        check_gradient_from_replicas(wrong)
