@@ -1,4 +1,4 @@
-"""The mixed-precision claims of notebook 04, pinned down on small inputs (float16 autocast works on the CPU)."""
+"""The mixed-precision claims of notebook 05, pinned down on small inputs (float16 autocast works on the CPU)."""
 
 import torch
 import torch.nn.functional as F

@@ -144,8 +144,8 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
     lessons = re.findall(r'fill_sizes\(globals\(\), "(\w+)"', code[1].source)
     expected = {
         "05_mixed_precision": ["mixed_precision"],
-        "07_activation_checkpointing": ["checkpointing"],
-        "09_eval_inference": ["inference"],
+        "08_activation_checkpointing": ["checkpointing"],
+        "10_eval_inference": ["inference"],
     }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
     parameters = {

@@ -59,7 +59,7 @@ def machine_line(info: dict) -> str:
 
 
 def lesson_sizes(lesson: str, device: torch.device) -> dict[str, int]:
-    """The sizes notebook 05 ('mixed_precision') or 07 ('checkpointing') uses on `device`, as keyword arguments."""
+    """The sizes notebook 05 ('mixed_precision') or 08 ('checkpointing') uses on `device`, as keyword arguments."""
     return {name.lower().removesuffix("_size"): size for name, size in sizes_for(lesson, device).items()}
 
 
@@ -176,13 +176,13 @@ def _read_epoch(loader, device: torch.device, non_blocking: bool) -> None:
         inputs.to(device, non_blocking=non_blocking)
 
 
-# ---------------------------------------------------------------- 3. activation checkpointing (notebook 07's)
+# ---------------------------------------------------------------- 3. activation checkpointing (notebook 08's)
 
 
 def activation_checkpointing(
     device: torch.device, *, width: int, depth: int, batch: int, segments: Sequence[int], repeat: int
 ) -> list[Table]:
-    """A step of notebook 07's deep Linear stack by checkpoint segment count (0: none): time, saved bytes, CUDA peak."""
+    """A step of notebook 08's deep Linear stack by checkpoint segment count (0: none): time, saved bytes, CUDA peak."""
     seed_everything(0)
     model = deep_linear_stack(width, depth).to(device)
     inputs = torch.randn(batch, width, device=device)
@@ -211,7 +211,7 @@ def mixed_precision(device: torch.device, *, width: int, depth: int, batch: int,
     return [(f"MLP, {depth} x {width}, batch {batch}", measured)]
 
 
-# ---------------------------------------------------------------- 5. inference (notebook 09's)
+# ---------------------------------------------------------------- 5. inference (notebook 10's)
 
 
 def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iterable[int], repeat: int) -> list[Table]:

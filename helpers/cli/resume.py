@@ -4,7 +4,7 @@
 
 Kill it (Ctrl-C, `kill -9`) and run the same command again: it resumes in the middle of an epoch if it
 must, and ends with the same weights, bit for bit, as a run that was never interrupted. It prints
-`saved step N <file> (validation loss L)` after each checkpoint. Notebook 08 writes the same run out by hand.
+`saved step N <file> (validation loss L)` after each checkpoint. Notebook 09 writes the same run out by hand.
 """
 
 from __future__ import annotations
