@@ -302,7 +302,7 @@ def test_a_knob_change_reaches_every_section_below(browser, lab):
     last = max(i for i, c in enumerate(cells) if c.cell_type == "code")
     knobs = _knob_cell(path)
     loop = _cell_index(cells, "plot = LivePlot(")  # section 2, the hand-written loop and its live plot
-    tensorboard = _cell_index(cells, "EventAccumulator(")  # section 11, far below the panel
+    tensorboard = _cell_index(cells, "EventAccumulator(")  # the TensorBoard section, far below the panel
     assert tensorboard - knobs > 20, "the TensorBoard check is no longer far below the knobs"
     session = Session(browser, lab, TRAINING_NOTEBOOK)
     try:
@@ -334,7 +334,9 @@ def test_a_knob_change_reaches_every_section_below(browser, lab):
             session.assert_no_errors()
         with session.step("the last section shows the new value"):
             text = session.output_text(tensorboard)
-            assert re.search(rf"holds all {after} epochs", text), f"section 11 does not report {after} epochs: {text}"
+            assert re.search(rf"holds all {after} epochs", text), (
+                f"the TensorBoard section does not report {after} epochs: {text}"
+            )
         with session.step("the hand-written loop used it and drew its live plot"):
             text = session.output_text(loop)
             assert re.search(rf"\b{after} epochs\b", session.output_text(loop + 1)), "section 2 missed the new value"
