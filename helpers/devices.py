@@ -55,15 +55,16 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return device
 
 
-# The performance lessons' default sizes, by device. On a 2-core CPU: small, so a notebook runs in about a
-# minute. On a CUDA GPU: the sizes where the technique's effect is real (tensor cores busy enough for AMP to
-# pay off; activations well above weights + gradients, so checkpointing moves the allocator's peak), yet
-# within a few GiB of GPU memory. The benchmark (helpers.cli.bench) uses the same.
+# The performance lessons' default sizes, by device. On a 2-core CPU: small enough that a notebook runs in about a
+# minute (05's large enough that a CPU with native bfloat16 shows it faster). On a CUDA GPU: the sizes where
+# the technique's effect is real (tensor cores busy enough for AMP to pay off; activations well above weights +
+# gradients, so checkpointing moves the allocator's peak). "cuda" is the top of the lesson's CUDA_LADDERS, the size
+# for a GPU with plenty of free memory. The benchmark (helpers.cli.bench) uses the same.
 LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
     "mixed_precision": {
-        "WIDTH": {"cpu": 256, "cuda": 4096},
+        "WIDTH": {"cpu": 1024, "cuda": 4096},
         "DEPTH": {"cpu": 2, "cuda": 8},
-        "BATCH_SIZE": {"cpu": 64, "cuda": 16384},
+        "BATCH_SIZE": {"cpu": 1024, "cuda": 16384},
     },
     "checkpointing": {
         "DEPTH": {"cpu": 100, "cuda": 32},
@@ -73,13 +74,135 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
     "inference": {"MAX_BATCH_SIZE": {"cpu": 256, "cuda": 4096}},
 }
 
+# Each lesson's CUDA sizes, largest estimated peak first (estimate_bytes, with 70% of the free memory it must fit
+# in): sizes_for takes the first that fits. Every rung keeps the lesson's effect: 05's products stay at least
+# 2048 wide on batches of at least 8192, with activations well above the weights. 08's and 10's top rungs need
+# under 2 GiB, so one rung serves every GPU of 4 GB and up.
+CUDA_LADDERS: dict[str, list[dict[str, int]]] = {
+    "mixed_precision": [
+        {"WIDTH": 4096, "DEPTH": 8, "BATCH_SIZE": 16384},  # ~6.0 GiB, from ~8.6 GiB free: 16 GB cards and up
+        {"WIDTH": 4096, "DEPTH": 8, "BATCH_SIZE": 8192},  # ~4.8 GiB, from ~6.8 GiB free: 8 GB
+        {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 32768},  # ~3.4 GiB, from ~4.8 GiB free: 6 GB
+        {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 16384},  # ~2.1 GiB, from ~3.0 GiB free: 4 GB
+        {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 8192},  # ~1.5 GiB: less
+    ],
+    "checkpointing": [{"DEPTH": 32, "WIDTH": 1024, "BATCH_SIZE": 8192}],  # ~1.6 GiB
+    "inference": [{"MAX_BATCH_SIZE": 4096}],  # ~0.2 GiB
+}
+FREE_MEMORY_SHARE = 0.7  # the share of the free GPU memory a lesson's estimated peak may take (the rest: the
+# allocator's fragmentation, cuBLAS workspaces, what the estimate leaves out)
 
-def sizes_for(lesson: str, device: torch.device | str) -> dict[str, int]:
-    """A lesson's default sizes on `device`: the CUDA sizes on a CUDA device, the CPU sizes elsewhere (mps too)."""
-    if lesson not in LESSON_SIZES:
+_FLOAT = 4  # bytes of a float32
+_POST_MODEL_PARAMETERS = 71 * (1000 * 1000 + 1000) + 1000 * 100 + 100  # 08's 72-layer model of the post
+
+
+def _check_lesson(lesson: object) -> str:
+    if not isinstance(lesson, str) or lesson not in LESSON_SIZES:
         raise ValueError(f"lesson must be one of {sorted(LESSON_SIZES)}, got {lesson!r}")
-    kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
-    return {name: by_kind[kind] for name, by_kind in LESSON_SIZES[lesson].items()}
+    return lesson
+
+
+def mlp_parameters(width: int, depth: int, inputs: int = 64, classes: int = 10) -> int:
+    """Parameters of `helpers.models.MLP(inputs, (width,) * depth, classes)`: weights and biases of its Linears."""
+    return inputs * width + width + (depth - 1) * (width * width + width) + width * classes + classes
+
+
+def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
+    """The bytes of one training step of the lesson's main model at `sizes`, in float32, by part.
+
+    `weights`, `gradients` and `optimizer_state` (AdamW's or Adam's two moments) of one copy of the model;
+    `activations`: what autograd saves for backward at the batch (`helpers.memory.saved_tensors_meter`'s peak),
+    or for 'inference' every layer's output of one forward at MAX_BATCH_SIZE; `transient`: the largest
+    temporaries of backward (two layer outputs' gradients) or, for 'checkpointing', the 72-layer model of
+    section 3 with its gradients and Adam moments (which replaces the stack's activations while it runs).
+    """
+    _check_lesson(lesson)
+    expected = set(LESSON_SIZES[lesson])
+    if not isinstance(sizes, dict) or set(sizes) != expected:
+        raise ValueError(f"sizes must be a dict with exactly the keys {sorted(expected)}, got {sizes!r}")
+    for name, value in sizes.items():
+        check_int(f"sizes[{name!r}]", value)
+    if lesson == "mixed_precision":
+        width, depth, batch = sizes["WIDTH"], sizes["DEPTH"], sizes["BATCH_SIZE"]
+        weights = _FLOAT * mlp_parameters(width, depth)
+        # per sample: the input, each hidden layer's ReLU output, the log-probabilities, the int64 target
+        activations = batch * (_FLOAT * (64 + depth * width + 10) + 8)
+        transient = 2 * batch * width * _FLOAT
+    elif lesson == "checkpointing":
+        depth, width, batch = sizes["DEPTH"], sizes["WIDTH"], sizes["BATCH_SIZE"]
+        weights = _FLOAT * depth * (width * width + width)
+        activations = (depth + 1) * batch * width * _FLOAT  # the input and each ReLU's output
+        transient = max(2 * batch * width * _FLOAT, 4 * _FLOAT * _POST_MODEL_PARAMETERS - activations)
+    else:  # inference: SmallCNN(channels=16) on 8x8 digits; forward outputs of every layer at the largest batch
+        channels, batch = 16, sizes["MAX_BATCH_SIZE"]
+        weights = _FLOAT * (10 * channels + 2 * channels + 9 * channels * 2 * channels + 2 * channels * 3)
+        weights += _FLOAT * (2 * channels * 16 * 10 + 10)
+        per_sample = 3 * channels * 64 + 3 * 2 * channels * 64 + 3 * 2 * channels * 16 + 10 + 64  # + the input
+        activations = batch * per_sample * _FLOAT
+        transient = 0
+    return {
+        "weights": weights,
+        "gradients": weights,
+        "optimizer_state": 2 * weights,
+        "activations": activations,
+        "transient": transient,
+    }
+
+
+# How many copies of the weights a lesson holds at once at its peak: 05 times four replicas side by side
+# (float32, 16-bit, micro-batches, checkpointed) next to the model they were copied from.
+_WEIGHT_COPIES = {"mixed_precision": 5, "checkpointing": 1, "inference": 1}
+
+
+def estimate_bytes(lesson: str, sizes: dict[str, int]) -> int:
+    """The estimated peak GPU memory of the lesson's notebook at `sizes`: the weights (times the copies it holds at
+    once), gradients, optimizer state, saved activations at the batch and backward's temporaries (memory_parts)."""
+    parts = memory_parts(lesson, sizes)
+    return _WEIGHT_COPIES[lesson] * parts["weights"] + sum(v for k, v in parts.items() if k != "weights")
+
+
+def sizes_for(lesson: str, device: torch.device | str, *, free_bytes: int | None = None) -> dict[str, int]:
+    """A lesson's default sizes on `device`: on CUDA the largest of CUDA_LADDERS[lesson] whose estimate_bytes fits
+    in 70% of the free memory (`free_bytes`; None: torch.cuda.mem_get_info(), or the top rung where CUDA is not
+    available to ask), the smallest rung when none fits; the CPU sizes elsewhere (mps too)."""
+    _check_lesson(lesson)
+    if free_bytes is not None and (isinstance(free_bytes, bool) or not isinstance(free_bytes, int) or free_bytes < 0):
+        raise ValueError(f"free_bytes must be a number of bytes (an int >= 0) or None, got {free_bytes!r}")
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {name: by_kind["cpu"] for name, by_kind in LESSON_SIZES[lesson].items()}
+    ladder = CUDA_LADDERS[lesson]
+    if free_bytes is None:
+        if not torch.cuda.is_available():
+            return dict(ladder[0])
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    fitting = [rung for rung in ladder if estimate_bytes(lesson, rung) <= FREE_MEMORY_SHARE * free_bytes]
+    return dict(fitting[0] if fitting else ladder[-1])
+
+
+def describe_sizes(
+    lesson: str, device: torch.device | str, sizes: dict[str, int], *, free_bytes: int | None = None
+) -> str:
+    """One line for a notebook: the sizes it runs and their estimated GPU peak; on CUDA also the free memory,
+    sizes_for's choice for it and, when they are smaller, what the top sizes would need (`free_bytes` as in sizes_for)."""
+    from .memory import format_bytes
+
+    def shown(chosen: dict[str, int]) -> str:
+        return ", ".join(f"{name} {value}" for name, value in chosen.items())
+
+    device = torch.device(device)
+    line = f"{shown(sizes)}: estimated GPU peak {format_bytes(estimate_bytes(lesson, sizes))}"
+    if device.type != "cuda":
+        default = sizes_for(lesson, device)
+        return line + f"; the {device.type} sizes are {'these' if sizes == default else shown(default)}"
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0] if torch.cuda.is_available() else 0
+    chosen, top = sizes_for(lesson, device, free_bytes=free_bytes), CUDA_LADDERS[lesson][0]
+    line += f"; {format_bytes(free_bytes)} free, {FREE_MEMORY_SHARE:.0%} of it {format_bytes(FREE_MEMORY_SHARE * free_bytes)}"
+    line += f"; the largest sizes that fit: {'these' if sizes == chosen else shown(chosen)}"
+    if sizes != top:
+        line += f"; the top sizes, {shown(top)}, need {format_bytes(estimate_bytes(lesson, top))}"
+    return line
 
 
 def fill_sizes(namespace: dict, lesson: str, device: torch.device | str) -> dict[str, int]:
@@ -128,6 +251,17 @@ def cpu_name() -> str:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags (avx512_bf16, amx_bf16, ...) from `cpuinfo`; empty where there is none (macOS, Windows)."""
+    if not os.path.exists(cpuinfo):
+        return set()
+    with open(cpuinfo) as handle:
+        for line in handle:
+            if line.startswith(("flags", "Features")):  # x86 says flags, ARM Features
+                return set(line.split(":", 1)[1].split())
+    return set()
 
 
 def keep_freed_memory(pad_mib: int = 256) -> bool:
@@ -199,8 +333,8 @@ class CudaVersions:
     torch: str
     cuda: str | None  # torch.version.cuda, the runtime torch was built with; None in a CPU-only build
     cudnn: tuple[int, int, int] | None  # the cuDNN torch loaded; None where it has none
-    cudnn_wheel: str | None  # version of the pip package nvidia-cudnn-*, if pip installed one
-    runtime_wheel: str | None  # version of the pip package nvidia-cuda-runtime*, if pip installed one
+    cudnn_wheel: str | None  # version of the pip package nvidia-cudnn-cuXX for the build's CUDA major, if installed
+    runtime_wheel: str | None  # version of nvidia-cuda-runtime-cuXX (CUDA 12) or nvidia-cuda-runtime (13), if installed
     arch_list: list[str]  # the GPU architectures the build has kernels for; [] in a CPU-only build
     driver: str | None  # the NVIDIA driver nvidia-smi reports; None without nvidia-smi
 
@@ -209,23 +343,28 @@ def cuda_versions() -> CudaVersions:
     """Read torch's CUDA and cuDNN, the nvidia-* pip packages that brought them, and the driver (from nvidia-smi)."""
     import importlib.metadata
 
-    packages = {(d.metadata["Name"] or "").lower(): d.version for d in importlib.metadata.distributions()}
+    # package names compared as pip does (PEP 503: case and runs of -_. do not matter), and matched exactly
+    packages = {
+        re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower(): d.version for d in importlib.metadata.distributions()
+    }
+    major = torch.version.cuda.split(".")[0] if torch.version.cuda else None
 
-    def wheel(prefix: str) -> str | None:
-        return next((version for name, version in sorted(packages.items()) if name.startswith(prefix)), None)
+    def wheel(*names: str) -> str | None:
+        return next((packages[name] for name in names if name in packages), None)
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     driver, smi = None, shutil.which("nvidia-smi")
-    if smi:
+    if smi:  # one field, no header, one line per GPU: "580.65.06"
         query = [smi, "--query-gpu=driver_version", "--format=csv,noheader"]
         answer = subprocess.run(query, capture_output=True, text=True, timeout=60)
-        driver = answer.stdout.split()[0] if answer.returncode == 0 and answer.stdout.split() else None
+        lines = [line.strip() for line in answer.stdout.splitlines() if line.strip()]
+        driver = lines[0] if answer.returncode == 0 and lines and lines[0][0].isdigit() else None
     return CudaVersions(
         torch=torch.__version__,
         cuda=torch.version.cuda,
         cudnn=parse_cudnn_version(cudnn) if cudnn else None,
-        cudnn_wheel=wheel("nvidia-cudnn"),
-        runtime_wheel=wheel("nvidia-cuda-runtime"),
+        cudnn_wheel=wheel(f"nvidia-cudnn-cu{major}") if major else None,
+        runtime_wheel=wheel(f"nvidia-cuda-runtime-cu{major}", "nvidia-cuda-runtime") if major else None,
         arch_list=torch.cuda.get_arch_list(),
         driver=driver,
     )

@@ -132,7 +132,8 @@ def test_sizes_for_picks_cuda_sizes_only_on_cuda():
 
     for lesson, sizes in LESSON_SIZES.items():
         assert sizes_for(lesson, "cpu") == {name: by_kind["cpu"] for name, by_kind in sizes.items()}
-        assert sizes_for(lesson, torch.device("cuda")) == {name: by_kind["cuda"] for name, by_kind in sizes.items()}
+        roomy = sizes_for(lesson, torch.device("cuda"), free_bytes=80 * 2**30)  # an 80 GB card gets the top sizes
+        assert roomy == {name: by_kind["cuda"] for name, by_kind in sizes.items()}
         assert sizes_for(lesson, "meta") == sizes_for(lesson, "cpu")  # any other device gets the small sizes
     with pytest.raises(ValueError, match="lesson must be one of"):
         sizes_for("amp", "cpu")
@@ -206,3 +207,56 @@ def test_cuda_versions_reads_this_build():
     else:
         assert versions.cudnn is None
     assert versions.driver is None or versions.driver[0].isdigit()
+
+
+class _Distribution:
+    def __init__(self, name: str, version: str):
+        self.metadata, self.version = {"Name": name}, version
+
+
+def _fake_environment(monkeypatch, packages, cuda="13.0", smi_output=None):
+    """cuda_versions() in a process whose torch was built for `cuda`, with these pip packages and nvidia-smi."""
+    import importlib.metadata
+    import shutil
+
+    import helpers.devices as devices
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [_Distribution(*p) for p in packages])
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi" if smi_output is not None else None)
+    queries = []
+
+    def run(command, **kwargs):
+        queries.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout=smi_output or "", stderr="")
+
+    monkeypatch.setattr(devices.subprocess, "run", run)
+    return devices.cuda_versions(), queries
+
+
+def test_cuda_versions_takes_the_packages_of_the_build_s_cuda_major_exactly(monkeypatch):
+    packages = [
+        ("nvidia-cudnn-frontend", "1.5.0"),  # starts like cuDNN's package, is not it
+        ("nvidia-cudnn-cu12", "9.1.0.70"),  # another CUDA major's cuDNN
+        ("nvidia_cudnn_cu13", "9.24.0.43"),  # spelled with underscores: the same package to pip
+        ("nvidia-cuda-runtime-cu12", "12.8.90"),
+        ("nvidia-cuda-runtime", "13.0.96"),
+    ]
+    versions, _ = _fake_environment(monkeypatch, packages, cuda="13.0")
+    assert (versions.cudnn_wheel, versions.runtime_wheel) == ("9.24.0.43", "13.0.96")
+    versions, _ = _fake_environment(monkeypatch, packages, cuda="12.8")
+    assert (versions.cudnn_wheel, versions.runtime_wheel) == ("9.1.0.70", "12.8.90")
+    versions, _ = _fake_environment(monkeypatch, packages[:1], cuda="13.0")
+    assert (versions.cudnn_wheel, versions.runtime_wheel) == (None, None)
+    versions, _ = _fake_environment(monkeypatch, packages, cuda=None)  # a CPU-only build uses none of them
+    assert (versions.cudnn_wheel, versions.runtime_wheel) == (None, None)
+
+
+def test_cuda_versions_reads_the_driver_field_from_nvidia_smi(monkeypatch):
+    versions, queries = _fake_environment(monkeypatch, [], smi_output="580.65.06\n580.65.06\n")
+    assert versions.driver == "580.65.06"
+    assert "--query-gpu=driver_version" in queries[0] and "--format=csv,noheader" in queries[0]
+    versions, _ = _fake_environment(monkeypatch, [], smi_output="No devices were found\n")
+    assert versions.driver is None
+    versions, queries = _fake_environment(monkeypatch, [], smi_output=None)  # no nvidia-smi at all
+    assert versions.driver is None and queries == []

@@ -1,5 +1,6 @@
 """The mixed-precision claims of notebook 05, pinned down on small inputs (float16 autocast works on the CPU)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -87,3 +88,39 @@ def test_fp16_accumulation_with_one_scaler_matches_the_fp32_batch_gradient():
         scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     assert ((flat_grad(model) - reference).norm() / reference.norm()) < 1e-2
+
+
+def test_float16_rounds_to_zero_below_2_to_the_minus_25_and_loses_digits_below_its_smallest_normal():
+    smallest_subnormal, smallest_normal = 2.0**-24, torch.finfo(torch.float16).tiny
+    assert smallest_normal == 2.0**-14 and abs(smallest_normal - 6.1e-5) < 1e-6
+    assert torch.tensor(0.99 * 2.0**-25).half() == 0 and torch.tensor(2.0**-25).half() == 0  # a tie rounds to even: 0
+    assert torch.tensor(1.01 * 2.0**-25).half().float() == smallest_subnormal
+    relative_error = {x: abs(torch.tensor(x).half().float().item() - x) / x for x in (1.234e-3, 1.234e-6)}
+    assert relative_error[1.234e-3] <= 2.0**-11 < relative_error[1.234e-6]  # normal: 11 bits; subnormal: fewer
+
+
+def test_highest_matmul_precision_leaves_cudnn_convolutions_at_tf32():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32" and torch.backends.cudnn.allow_tf32
+        torch.set_float32_matmul_precision("high")
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator's cap exists on CUDA only")
+def test_a_memory_fraction_cap_forces_a_real_out_of_memory_and_can_be_restored():
+    device = torch.device("cuda")
+    torch.cuda.empty_cache()
+    cap, baseline = torch.cuda.get_per_process_memory_fraction(device), torch.cuda.memory_allocated(device)
+    torch.cuda.set_per_process_memory_fraction((baseline + 2**28) / torch.cuda.mem_get_info(device)[1], device)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(torch.cuda.memory_reserved(device) - baseline + 2**29, dtype=torch.uint8, device=device)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(cap, device)
+    assert torch.cuda.get_per_process_memory_fraction(device) == cap
+    assert torch.cuda.memory_allocated(device) == baseline
