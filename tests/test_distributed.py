@@ -216,6 +216,17 @@ def test_sampler_shards_are_disjoint_cover_the_data_and_reshuffle_with_set_epoch
 
 
 @pytest.mark.slow
+def test_ddp_broadcasts_buffers_at_wrap_and_before_each_forward_unless_told_not_to():
+    results = launch(workers.buffers_worker, 2, args=(2**32 - 1,), timeout_s=120)
+    zero, one = results
+    for sync in (True, False):
+        assert torch.equal(one[sync]["at_wrap"], zero[sync]["at_wrap"])  # rank 1 set 1.0, the wrap copied rank 0's
+        assert not torch.equal(one[sync]["after"], zero[sync]["after"])  # each forward updates from its own batch
+    assert torch.equal(one[True]["seen"][1], zero[True]["seen"][1])  # synced again before the second forward
+    assert not torch.allclose(one[False]["seen"][1], zero[False]["seen"][1])
+
+
+@pytest.mark.slow
 def test_hand_averaging_ddp_and_one_process_agree_and_no_sync_does_not_communicate():
     seed, batch = 2**32 - 1, 6  # the largest seed a notebook accepts
     results = launch(workers.gradients_worker, 2, args=(seed, batch), timeout_s=120)

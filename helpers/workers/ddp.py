@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset, random_split
 
 from helpers.checkpoint import save_checkpoint, unwrap_model
 from helpers.checks import check_int, check_positive_number
@@ -99,6 +99,32 @@ def communication_worker(rank: int, world_size: int, seed: int) -> dict:
         "send_recv": send_recv_worker(rank, world_size, seed),
         "all_reduce": all_reduce_worker(rank, world_size, seed),
     }
+
+
+def buffers_worker(rank: int, world_size: int, seed: int) -> dict:
+    """BatchNorm's running mean under DDP: set per rank before the wrap, then as each forward finds it, per setting.
+
+    Every rank starts with running_mean = rank, so the wrap's broadcast shows; then two forwards on its own
+    batch (BatchNorm updates the statistics from it) with forward_sync_buffers True (the default) and False.
+    """
+    device = _device()
+    result: dict = {"rank": rank}
+    for sync in (True, False):
+        torch.manual_seed(seed)
+        norm = nn.BatchNorm1d(4)
+        model = nn.Sequential(nn.Linear(8, 4), norm).to(device)
+        running_mean = norm.running_mean
+        assert running_mean is not None  # track_running_stats is on by default
+        running_mean.fill_(float(rank))  # rank-local statistics, before the wrap
+        seen: list[torch.Tensor] = []  # the running mean each forward starts from (after DDP's broadcast)
+        norm.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(module.running_mean.clone()))
+        ddp = DistributedDataParallel(model, device_ids=_device_ids(device), forward_sync_buffers=sync)
+        at_wrap = running_mean.clone()
+        batches = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(seed + 1 + rank))  # rank's own
+        for batch in batches:
+            ddp(batch.to(device)).sum().backward()
+        result[sync] = {"at_wrap": at_wrap, "seen": seen, "after": running_mean.clone()}
+    return result
 
 
 def sampler_worker(rank: int, world_size: int, dataset_size: int, seed: int) -> dict:
@@ -244,8 +270,13 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
 
 
+def train_validation_split(seed: int) -> list[Subset]:
+    """The training digits split 80 / 20 into training and validation subsets, the same split for the same seed."""
+    return random_split(DigitsDataset("train"), [0.8, 0.2], generator=torch.Generator().manual_seed(seed))
+
+
 def evaluate_sharded(model: nn.Module, dataset, device: torch.device, rank: int, world_size: int) -> dict:
-    """Each rank scores every world_size-th test sample (no padding, no overlap); the sums are all-reduced."""
+    """Each rank scores every world_size-th sample (no padding, no overlap); the sums are all-reduced."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     was_training = model.training
@@ -264,7 +295,7 @@ def evaluate_sharded(model: nn.Module, dataset, device: torch.device, rank: int,
 
 def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> list[dict]:
     """One rank's DDP training run, in a process group already set up; returns the history (on every rank)."""
-    train_set, test_set = DigitsDataset("train"), DigitsDataset("test")
+    train_set, val_set = train_validation_split(config.seed)  # the same split on every rank
     sampler: DistributedSampler[int] = DistributedSampler(
         train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
     )
@@ -302,20 +333,20 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
                 bar.update(1)
         seconds = time.perf_counter() - start
         train_totals = all_reduce_metrics({"loss_sum": float(loss_sum), "samples": samples})  # sums over ranks
-        test = evaluate_sharded(unwrap_model(model), test_set, device, rank, world_size)
+        val = evaluate_sharded(unwrap_model(model), val_set, device, rank, world_size)
         history.append(
             {
                 "epoch": epoch + 1,
                 "train_loss": train_totals["loss_sum"] / train_totals["samples"],
-                "test_loss": test["loss"],
-                "test_accuracy": test["accuracy"],
+                "val_loss": val["loss"],
+                "val_accuracy": val["accuracy"],
                 "seconds": seconds,
                 "samples_seen": int(train_totals["samples"]),
             }
         )
         print_rank0(
-            f"epoch {epoch + 1}: train_loss={history[-1]['train_loss']:.4f} test_loss={test['loss']:.4f} "
-            f"test_accuracy={test['accuracy']:.4f} ({seconds:.2f} s)",
+            f"epoch {epoch + 1}: train_loss={history[-1]['train_loss']:.4f} val_loss={val['loss']:.4f} "
+            f"val_accuracy={val['accuracy']:.4f} ({seconds:.2f} s)",
             flush=True,
         )
     if bar is not None:
@@ -329,7 +360,7 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
             optimizer,
             epoch=config.epochs,
             step=config.epochs * len(loader),
-            metric=history[-1]["test_accuracy"],
+            metric=history[-1]["val_accuracy"],
             extra={"config": asdict(config), "world_size": world_size, "history": history},
         )
         Path(config.out, "history.json").write_text(
@@ -344,22 +375,29 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
 
 
 def train_one_process(
-    config: TrainConfig, world_size: int, *, nudge: float = 0.0, threads: int | None = None
+    config: TrainConfig,
+    world_size: int,
+    *,
+    nudge: float = 0.0,
+    threads: int | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[list[dict], nn.Module]:
-    """train_ddp's twin in this process, on the CPU: batches of world_size * batch_size, each one every rank's batch.
+    """train_ddp's twin in this process, on `device`: batches of world_size * batch_size, each one every rank's batch.
 
     The batches come from GlobalBatchSampler (the ranks' DistributedSampler batches, joined), so with a mean loss
     each step's gradient is the one DDP averages. `nudge` scales the starting weights by (1 + nudge); `threads`
-    sets torch's CPU threads for the run (restored after). Returns one row per epoch and the trained model.
+    sets torch's CPU threads for the run (restored after). Returns one row per epoch and the trained model (on
+    the CPU).
     """
     check_int("world_size", world_size)
-    train_set, test_set = DigitsDataset("train"), DigitsDataset("test")
+    train_set, val_set = train_validation_split(config.seed)  # the split every rank uses
     batches = GlobalBatchSampler(len(train_set), world_size, config.batch_size, seed=config.seed)
-    loader, test_loader = DataLoader(train_set, batch_sampler=batches), DataLoader(test_set, batch_size=256)
+    loader, val_loader = DataLoader(train_set, batch_sampler=batches), DataLoader(val_set, batch_size=256)
     model = build_model(config)  # the same starting weights as every rank
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.mul_(1 + nudge)
+    model = model.to(device)
     optimizer = build_optimizer(model, config)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads or threads_before)
@@ -367,9 +405,9 @@ def train_one_process(
     try:
         for epoch in range(config.epochs):
             batches.set_epoch(epoch)  # the order every rank's DistributedSampler uses in this epoch
-            train = train_epoch(model, loader, optimizer, nn.CrossEntropyLoss(), device="cpu", progress=False)
-            test = evaluate(model, test_loader, nn.CrossEntropyLoss(), device="cpu")
-            history.append({"epoch": epoch + 1, "test_accuracy": test.accuracy, "seconds": train.seconds})
+            train = train_epoch(model, loader, optimizer, nn.CrossEntropyLoss(), device=device, progress=False)
+            val = evaluate(model, val_loader, nn.CrossEntropyLoss(), device=device)
+            history.append({"epoch": epoch + 1, "val_accuracy": val.accuracy, "seconds": train.seconds})
     finally:
         torch.set_num_threads(threads_before)
-    return history, model
+    return history, model.cpu()
