@@ -4,19 +4,25 @@
     state = load_checkpoint(path, model, optimizer, scheduler, scaler)
 
 A save writes a temporary file in the same folder, fsyncs it and renames it over the target, so a crash
-leaves the previous checkpoint intact. A load always uses `torch.load(weights_only=True)`: tensors,
-numbers, strings and plain containers, never code that runs when the file is opened.
+leaves the previous checkpoint intact; a save that fails (a full disk, no permission) raises
+`CheckpointWriteError` naming the file and the cause, and leaves no temporary file. A load always uses
+`torch.load(weights_only=True)`: tensors, numbers, strings and plain containers, never code that runs when
+the file is opened. `CheckpointManager.load_latest` resumes from the newest file that reads, setting
+unreadable newer ones aside (`step-….pt.corrupt`) with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import pickle
 import random
 import re
 import secrets
+import shutil
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -37,6 +43,21 @@ _PARTS = ("optimizer", "scheduler", "scaler")
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be used: unreadable, not a checkpoint, or made for another model."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint file whose bytes cannot be read back: empty, truncated or corrupted (a bad copy, a disk error)."""
+
+
+class CheckpointWriteError(OSError):
+    """A save that failed (a full disk, no permission): the message names the file and the cause; `errno` is kept."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class SkippedCheckpointWarning(UserWarning):
+    """An unreadable checkpoint was skipped (and set aside) while looking for the newest one that loads."""
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -155,21 +176,86 @@ def _check_plain(value: Any, where: str) -> None:
         _check_plain(item, f"{where}[{key!r}]")
 
 
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    """write(handle) into a temporary file next to `path`, fsync it, rename it over `path`, fsync the folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+class _WriteRecorder:
+    """The file object torch.save writes to: remembers an OSError from a write, which torch reports only as
+    `RuntimeError: [enforce fail at inline_container.cc] unexpected pos ...`."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.handle.flush()
+        except OSError as error:
+            self.error = error
+            raise
+
+
+def _open_new(temp: Path) -> IO[bytes]:
+    """Create `temp` for writing; fails if it exists. os.open with 0o666 honours the umask, as a plain open()
+    would (tempfile would make it 0o600)."""
+    return os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), "wb")
+
+
+def _write_error(path: Path, cause: OSError) -> CheckpointWriteError:
+    """The error for a failed save: which file, why (the OS's words), the free space, and what to do."""
+    reason = cause.strerror or str(cause) or type(cause).__name__
+    name = errno.errorcode.get(cause.errno, "") if cause.errno is not None else ""
+    free = ""
+    if cause.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        advice = "make the folder writable or save somewhere else"
+    else:
+        advice = "fix the cause and save again"
+        if cause.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            advice = "free some space or save to another disk, then save again"
+        with contextlib.suppress(OSError, StopIteration):
+            folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+            left = shutil.disk_usage(folder).free
+            power = min(3, max(0, left.bit_length() - 1) // 10)  # bytes, KiB, MiB, GiB
+            shown = f"{left / 1024**power:.1f} {('', 'KiB', 'MiB', 'GiB')[power]}" if power else f"{left} bytes"
+            free = f"; {shown} free on the disk holding {folder}"
+    return CheckpointWriteError(
+        cause.errno,
+        f"cannot write checkpoint {path}: {reason}{f' ({name})' if name else ''}{free}. Earlier checkpoints "
+        f"are untouched and no temporary file is left; {advice}.",
+    )
+
+
+def _atomic_write(path: Path, write: Callable[[Any], Any]) -> Path:
+    """write(handle) into a temporary file next to `path`, fsync it, rename it over `path`, fsync the folder.
+
+    An OSError on the way (raised as such, or hidden inside torch.save's RuntimeError) becomes a
+    CheckpointWriteError naming `path`; the temporary file is removed whatever happened.
+    """
     temp = path.parent / f".{path.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-    # os.open with 0o666 honours the umask, as a plain open() would (tempfile would make it 0o600).
-    handle = os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), "wb")
+    recorder: _WriteRecorder | None = None
     try:
-        with handle:
-            write(handle)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _open_new(temp) as handle:
+            recorder = _WriteRecorder(handle)
+            write(recorder)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            temp.unlink(missing_ok=True)
+        if isinstance(error, CheckpointWriteError):
+            raise
+        cause = error if isinstance(error, OSError) else None
+        if isinstance(error, RuntimeError) and recorder is not None:
+            cause = recorder.error
+        if cause is None:
+            raise
+        raise _write_error(path, cause) from error
     with contextlib.suppress(OSError):  # makes the rename itself durable; folders cannot be opened on Windows
         fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -223,9 +309,13 @@ def read_checkpoint(path: str | Path, *, map_location: Any = "cpu") -> dict:
         raise FileNotFoundError(f"checkpoint {path} " + ("is not a file" if path.exists() else "does not exist"))
     size = path.stat().st_size
     if size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): an interrupted copy or a non-atomic write?")
+        raise UnreadableCheckpointError(
+            f"checkpoint {path} is empty (0 bytes): an interrupted copy or a non-atomic write?"
+        )
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
+    except PermissionError:
+        raise  # names the file already, and the file may be fine: not "corrupted"
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as error:
         # The weights-only unpickler says what it objected to in the error it wraps.
         inner = error.__context__ if str(error.__context__ or "").strip() else error
@@ -242,7 +332,7 @@ def read_checkpoint(path: str | Path, *, map_location: Any = "cpu") -> dict:
                 f"({str(error).splitlines()[0]}); load it with map_location='cpu' (the default "
                 f"of load_checkpoint) or another device here"
             ) from error
-        raise CheckpointError(
+        raise UnreadableCheckpointError(
             f"checkpoint {path} ({size} bytes) cannot be read: truncated or corrupted "
             f"({type(error).__name__}: {reason})"
         ) from error
@@ -329,6 +419,7 @@ class CheckpointManager:
     """Checkpoints in one folder as `step-<step>.pt`: keeps the last `keep_last`, and the best as `best.pt`.
 
     One process writes to a folder at a time; a manager opening it removes temporary files of killed saves.
+    `load_latest` resumes from the newest step file that reads; an unreadable best.pt is set aside too.
     """
 
     def __init__(self, folder: str | Path, *, keep_last: int = 3, mode: str = "min") -> None:
@@ -340,7 +431,13 @@ class CheckpointManager:
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in self.folder.glob(f".*{_TEMP_MARK}*"):
             stale.unlink(missing_ok=True)
-        self.best_metric: float | None = read_checkpoint(self.best_path)["metric"] if self.best_path.exists() else None
+        self.skipped: list[dict] = []  # what load_latest (or opening) set aside: path, moved_to, reason
+        self.best_metric: float | None = None
+        if self.best_path.exists():
+            try:
+                self.best_metric = read_checkpoint(self.best_path)["metric"]
+            except UnreadableCheckpointError as error:
+                self._set_aside(self.best_path, error)  # the next save with a metric writes a new best.pt
 
     def checkpoints(self) -> list[Path]:
         """The step checkpoints in the folder, oldest first."""
@@ -354,6 +451,32 @@ class CheckpointManager:
     def best(self) -> Path | None:
         """The best checkpoint, or None when no metric was ever given."""
         return self.best_path if self.best_path.exists() else None
+
+    def load_latest(self, model: nn.Module, *parts: Any, **options: Any) -> dict | None:
+        """load_checkpoint from the newest step file that reads; None when none does (or there is none).
+
+        A newer file that cannot be read (empty, truncated, corrupted) is renamed `<name>.corrupt`, never
+        deleted, with a SkippedCheckpointWarning saying which file and why; `self.skipped` lists them.
+        Other errors (a checkpoint of another model, an unsafe file) are raised: an older file would not help.
+        `parts` are the optimizer, scheduler and scaler; `options` as for load_checkpoint.
+        """
+        for path in reversed(self.checkpoints()):
+            try:
+                return load_checkpoint(path, model, *parts, **options)
+            except UnreadableCheckpointError as error:  # raised before anything was changed
+                self._set_aside(path, error)
+        return None
+
+    def _set_aside(self, path: Path, error: Exception) -> Path:
+        """Rename an unreadable file to `<name>.corrupt` (`.corrupt-2`, ... if taken), record it and warn."""
+        moved_to, number = path.with_name(path.name + ".corrupt"), 1
+        while moved_to.exists():
+            number += 1
+            moved_to = path.with_name(f"{path.name}.corrupt-{number}")
+        os.replace(path, moved_to)
+        self.skipped.append({"path": path, "moved_to": moved_to, "reason": str(error)})
+        warnings.warn(f"{error}; skipped, and set aside as {moved_to.name}", SkippedCheckpointWarning, stacklevel=3)
+        return moved_to
 
     def save(self, model: nn.Module, *parts: Any, step: int, metric: float | None = None, **options: Any) -> Path:
         """save_checkpoint to step-<step>.pt; copy it to best.pt when `metric` improves; keep the last k step files.

@@ -6,6 +6,7 @@ import pickle
 import queue
 import random
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -206,6 +207,49 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_
         save_checkpoint(path, model, step=2)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
+
+
+def test_the_temporary_file_is_flushed_and_fsynced_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    """A rename before the data reaches the disk can leave a renamed but empty file after a power cut."""
+    calls: list[str] = []
+    real_open, real_fsync, real_replace = ckpt._open_new, os.fsync, os.replace
+
+    class Recorded:
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def write(self, data) -> int:
+            calls.append("write")
+            return self.handle.write(data)
+
+        def flush(self) -> None:
+            calls.append("flush")
+            self.handle.flush()
+
+        def fileno(self) -> int:
+            return self.handle.fileno()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info) -> None:
+            self.handle.close()
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(source, target) -> None:
+        calls.append("replace")
+        real_replace(source, target)
+
+    monkeypatch.setattr(ckpt, "_open_new", lambda temp: Recorded(real_open(temp)))
+    monkeypatch.setattr(ckpt.os, "fsync", fsync)
+    monkeypatch.setattr(ckpt.os, "replace", replace)
+    save_checkpoint(tmp_path / "run.pt", MLP(64, (8,), 10))
+    last_write, file_sync = max(i for i, call in enumerate(calls) if call == "write"), calls.index("fsync file")
+    assert "flush" in calls[last_write:file_sync], f"not flushed between the last write and the fsync: {calls}"
+    assert calls[file_sync:] == ["fsync file", "replace", "fsync folder"], calls
 
 
 def test_save_honours_the_umask_like_a_plain_open(tmp_path):

@@ -4,12 +4,15 @@
 
 Kill it (Ctrl-C, `kill -9`) and run the same command again: it resumes in the middle of an epoch if it
 must, and ends with the same weights, bit for bit, as a run that was never interrupted. It prints
-`saved step N <file> (validation loss L)` after each checkpoint. Notebook 09 writes the same run out by hand.
+`saved step N <file> (validation loss L)` after each checkpoint. A newest checkpoint that cannot be read
+(a bad copy, a disk error) is set aside as `<name>.corrupt`, with a `skipped ...` line saying why, and the
+run resumes from the newest one that loads. Notebook 09 writes the same run out by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, random_split
 
-from helpers.checkpoint import CheckpointManager, ResumableSampler, load_checkpoint
+from helpers.checkpoint import CheckpointManager, ResumableSampler, SkippedCheckpointWarning
 from helpers.checks import check_int
 from helpers.data import DigitsDataset
 from helpers.devices import seed_everything
@@ -68,9 +71,11 @@ def train(
     val_loader = DataLoader(val_part, batch_size=256, generator=torch.Generator())
     manager = CheckpointManager(folder, keep_last=2, mode="min")
     step, consumed, resumed_from = 0, 0, None
-    latest = manager.latest()
-    if latest is not None:
-        state = load_checkpoint(latest, model, optimizer, scheduler, scaler, generator=generator)
+    # The newest checkpoint that reads: an unreadable newer one (a bad copy, a disk error) is set aside.
+    state = manager.load_latest(model, optimizer, scheduler, scaler, generator=generator)
+    for skipped in manager.skipped:
+        print(f"skipped {skipped['path']} (set aside as {skipped['moved_to'].name}): {skipped['reason']}", flush=True)
+    if state is not None:
         step = resumed_from = state["step"]
         sampler.load_state_dict(state["extra"]["sampler"])
         consumed = state["extra"]["sampler"]["offset"]
@@ -125,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads: the same in every run compared")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore", SkippedCheckpointWarning)  # train() prints one line per skipped file
     result = train(args.folder, steps=args.steps, save_every=args.save_every, seed=args.seed, dropout=args.dropout)
     print(f"done: step {result['steps_done']} (resumed from {result['resumed_from']})", flush=True)
 
