@@ -1,17 +1,19 @@
 """The package's performance table: `python -m helpers.cli.bench [--quick]` (or `make bench`).
 
-The notebooks' experiments, run by the rig they use (`helpers.rig.measure`), with its columns: time per unit and
-its middle half, the time ratio to the first variant with the middle half of the per-round ratios (all taken in
-one run, in interleaved rounds after warm-up), bytes saved for backward, and on CUDA each call's own allocator
-peak. On Linux, glibc is first asked to keep freed memory (`devices.keep_freed_memory`), which takes about 10%
-of jitter out of CPU epochs (`--default-malloc` leaves the allocator alone).
+The notebooks' experiments, run by the rig they use (`helpers.rig.measure`), with its columns: time per unit and its
+middle half, the time ratio to the first variant with the middle half of the per-round ratios (all taken in one run,
+in interleaved rounds after warm-up, CUDA synchronized before each reading of the clock), bytes saved for backward,
+and on CUDA each call's own allocator peak (above what was allocated when it began). `--quick` runs fewer rounds,
+and on CUDA a quarter of the lessons' batch. On Linux, glibc is first asked to keep freed memory
+(`devices.keep_freed_memory`): about 10% less jitter in CPU epochs (`--default-malloc` leaves the allocator alone).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import copy
 import functools
+import itertools
 import json
 import os
 import platform
@@ -19,9 +21,10 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -34,7 +37,7 @@ from helpers.loop import autocast_context, precisions_for, train_epoch
 from helpers.models import MLP, SmallCNN, deep_linear_stack
 from helpers.progress import progress_bar
 from helpers.rig import Measurement, measure, precision_steps
-from helpers.timing import format_table
+from helpers.timing import format_table, time_call
 
 LOSS = nn.CrossEntropyLoss()
 PROJECT = Path(__file__).resolve().parents[2]  # helpers/cli/bench.py -> the project folder
@@ -50,22 +53,18 @@ def machine_info(device: torch.device) -> dict:
 
 def machine_line(info: dict) -> str:
     """One line naming the machine, printed under every section."""
-    gpu = f", GPU {info['gpu']}" if "gpu" in info else ""
-    malloc = f", malloc {info['malloc']}" if "malloc" in info else ""
-    return (
-        f"[{info['cpu']}, {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}, "
-        f"device {info['device']}{gpu}{malloc}]"
-    )
+    extras = "".join(f", {label} {info[key]}" for key, label in (("gpu", "GPU"), ("malloc", "malloc")) if key in info)
+    where = f"{info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}, device {info['device']}"
+    return f"[{info['cpu']}, {where}{extras}]"
 
 
-def lesson_sizes(lesson: str, device: torch.device) -> dict[str, int]:
-    """The sizes notebook 05 ('mixed_precision') or 08 ('checkpointing') uses on `device`, as keyword arguments."""
-    return {name.lower().removesuffix("_size"): size for name, size in sizes_for(lesson, device).items()}
+def lesson_sizes(lesson: str, device: torch.device, quick: bool = False) -> dict[str, Any]:
+    """A lesson's sizes on `device` ('mixed_precision', 'checkpointing') as keywords; `quick` on CUDA: batch / 4."""
+    sizes = {name.lower().removesuffix("_size"): size for name, size in sizes_for(lesson, device).items()}
+    return sizes | ({"batch": max(1, sizes["batch"] // 4)} if quick and device.type == "cuda" else {})
 
 
 # ---------------------------------------------------------------- 1. the loop's overhead (notebook 02's claim)
-
-
 def hand_loop(model, loader, optimizer, device, *, accumulation_steps=1, amp=None, progress=False):
     """The plain loop, written as a learner writes it: the reference the helpers must keep up with."""
     loader = progress_bar(loader, enabled=progress, leave=False)  # as train_epoch: shown only where someone watches
@@ -82,9 +81,8 @@ def hand_loop(model, loader, optimizer, device, *, accumulation_steps=1, amp=Non
 
 def repeats_for(seconds_per_call: float, *, budget_s: float, calls_per_round: int, least: int, most: int) -> int:
     """How many timed rounds fit in `budget_s`, kept within [least, most]."""
-    if seconds_per_call <= 0:
-        return most
-    return max(least, min(most, int(budget_s / (calls_per_round * seconds_per_call))))
+    per_round = calls_per_round * seconds_per_call
+    return most if per_round <= 0 else max(least, min(most, int(budget_s / per_round)))
 
 
 class LoopCase(NamedTuple):
@@ -121,24 +119,20 @@ def loop_overhead(
     most: int = 1000,
     warmup: int = 3,
 ) -> list[Table]:
-    """train_epoch against the hand-written loop: same model, data and seed, an epoch per call, interleaved.
-
-    Each case is timed for its own seconds (`budget_s` sets one for all) in [least, most] rounds; `samples`
-    sets every case's epoch length instead of its own.
-    """
+    """train_epoch vs the hand-written loop: same model, data and seed, an epoch per call, interleaved. Each case is
+    timed for its own seconds (`budget_s`: one for all) in [least, most] rounds; `samples`: every epoch's length."""
     tables = []
     for case in LOOP_CASES:
         digits = DigitsDataset("train", size=case.image_size)
         limit = case.samples if samples is None else samples
         dataset = digits if limit is None else Subset(digits, range(min(limit, len(digits))))
         epochs = {}
-        for who in ("hand-written", "helpers"):
+        for who, train in (("hand-written", hand_loop), ("helpers", functools.partial(train_epoch, loss_fn=LOSS))):
             seed_everything(0)
             model = case.model().to(device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             loader = make_loader(dataset, batch_size=case.batch_size, shuffle=True, seed=0)
             options = {"progress": False, **case.options}  # the same options for both
-            train = functools.partial(train_epoch, loss_fn=LOSS) if who == "helpers" else hand_loop
             epochs[who] = functools.partial(train, model, loader, optimizer, device=device, **options)
         probe = measure(epochs, device=device, repeat=1, warmup=warmup, unit="epoch")
         longest = max(max(result.seconds) for result in probe.results.values())
@@ -150,24 +144,21 @@ def loop_overhead(
 
 
 # ---------------------------------------------------------------- 2. DataLoader (notebook 01's experiment)
-
-
 def dataloader_throughput(device: torch.device, *, workers: Iterable[int], batch_sizes: Iterable[int]) -> list[Table]:
     """An epoch over the PNG digits on disk, by loader settings (workers, persistent workers, pinned memory)."""
     dataset = PngFolderDataset(export_digits_png(size=28) / "train")
-    pin_options = (False, True) if device.type == "cuda" else (False,)
-    tables = []
+    pins, tables = (False, True) if device.type == "cuda" else (False,), []
     for batch_size in batch_sizes:
         epochs = {}
-        for count in workers:
-            for pin in pin_options:
-                for persistent in (False, True) if count > 0 else (False,):
-                    name = f"{count} workers" + (", persistent" if persistent else "") + (", pinned" if pin else "")
-                    options = {"num_workers": count, "pin_memory": pin, "persistent_workers": persistent}
-                    loader = make_loader(dataset, batch_size=batch_size, shuffle=True, seed=0, **options)
-                    epochs[name] = functools.partial(_read_epoch, loader, device, pin)
-        caption = f"batch {batch_size}, {len(dataset)} PNG files per epoch"
-        tables.append((caption, measure(epochs, device=device, repeat=3, warmup=1, unit="epoch")))
+        for count, pin, persistent in itertools.product(workers, pins, (False, True)):
+            if count > 0 or not persistent:  # persistent workers need workers
+                name = f"{count} workers" + (", persistent" if persistent else "") + (", pinned" if pin else "")
+                options = {"num_workers": count, "pin_memory": pin, "persistent_workers": persistent}
+                loader = make_loader(dataset, batch_size=batch_size, shuffle=True, seed=0, **options)
+                epochs[name] = functools.partial(_read_epoch, loader, device, pin)
+        # measure synchronizes CUDA after each epoch, so the clock includes the last non-blocking copy
+        measured = measure(epochs, device=device, repeat=3, warmup=1, unit="epoch")
+        tables.append((f"batch {batch_size}, {len(dataset)} PNG files per epoch", measured))
     return tables
 
 
@@ -177,15 +168,12 @@ def _read_epoch(loader, device: torch.device, non_blocking: bool) -> None:
 
 
 # ---------------------------------------------------------------- 3. activation checkpointing (notebook 08's)
-
-
 def activation_checkpointing(
-    device: torch.device, *, width: int, depth: int, batch: int, segments: Sequence[int], repeat: int
+    device: torch.device, *, width: int, depth: int, batch: int, repeat: int, segments: Sequence[int] = (0, 2, 5, 10)
 ) -> list[Table]:
     """A step of notebook 08's deep Linear stack by checkpoint segment count (0: none): time, saved bytes, CUDA peak."""
     seed_everything(0)
-    model = deep_linear_stack(width, depth).to(device)
-    inputs = torch.randn(batch, width, device=device)
+    model, inputs = deep_linear_stack(width, depth).to(device), torch.randn(batch, width, device=device)
 
     def step(count: int) -> None:
         output = model(inputs) if count == 0 else checkpoint_sequential(model, count, inputs, use_reentrant=False)
@@ -199,11 +187,8 @@ def activation_checkpointing(
 
 
 # ---------------------------------------------------------------- 4. mixed precision (notebook 05's)
-
-
 def mixed_precision(device: torch.device, *, width: int, depth: int, batch: int, repeat: int) -> list[Table]:
-    """A training step of notebook 05's MLP (`depth` hidden layers of `width`, 64 random features) in each precision
-    worth comparing on `device`: time, bytes saved for backward, CUDA peak."""
+    """A training step of notebook 05's MLP on 64 random features, in each precision worth comparing on `device`."""
     seed_everything(0)
     model, inputs, targets = MLP(64, (width,) * depth, 10), torch.randn(batch, 64), torch.randint(0, 10, (batch,))
     steps = precision_steps(model, inputs, targets, precisions=precisions_for(device), device=device)
@@ -212,39 +197,68 @@ def mixed_precision(device: torch.device, *, width: int, depth: int, batch: int,
 
 
 # ---------------------------------------------------------------- 5. inference (notebook 10's)
-
-
 def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iterable[int], repeat: int) -> list[Table]:
     """A forward pass of the SmallCNN: plain, no_grad and inference_mode, by thread count and batch size."""
     seed_everything(0)
     model = SmallCNN().to(device).eval()
-    modes = {"plain": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
-    tables = []
+    no_grad, inference_mode = torch.no_grad()(model.__call__), torch.inference_mode()(model.__call__)
+    modes, tables = {"plain": model.__call__, "no_grad": no_grad, "inference_mode": inference_mode}, []
     for count in threads if device.type == "cpu" else [None]:
         with num_threads(count):
             for batch in batch_sizes:
                 inputs = torch.rand(batch, 1, 28, 28, device=device)
-                calls = {mode: functools.partial(_forward, model, inputs, context) for mode, context in modes.items()}
+                calls = {mode: functools.partial(forward, inputs) for mode, forward in modes.items()}
                 measured = measure(calls, device=device, repeat=repeat, warmup=2, unit="batch")
                 tables.append((f"{torch.get_num_threads()} threads, batch {batch}", measured))
     return tables
 
 
-def _forward(model: nn.Module, inputs: torch.Tensor, context: Callable) -> None:
-    with context():
-        model(inputs)
+# ---------------------------------------------------------------- 6. torch.compile (the closing lesson's)
+def compiled_training(device: torch.device, *, batch: int, repeat: int) -> list[Table]:
+    """A training step (train_epoch over one batch) of the SmallCNN on 28x28 images, eager and torch.compile'd; the
+    first call of each, which compiles the compiled one, is timed apart and named in the caption."""
+    seed_everything(0)
+    model, one_batch = SmallCNN(), [(torch.rand(batch, 1, 28, 28), torch.randint(0, 10, (batch,)))]
+    replicas = {name: copy.deepcopy(model).to(device) for name in ("eager", "compiled")}
+    replicas["compiled"].compile()  # in place: its forward runs under torch.compile, its parameters stay its own
+    train, steps, first = functools.partial(train_epoch, loss_fn=LOSS, device=device, progress=False), {}, []
+    for name, replica in replicas.items():
+        steps[name] = functools.partial(train, replica, one_batch, torch.optim.SGD(replica.parameters(), lr=0.01))
+        first.append(f"{name} {time_call(steps[name], repeat=1, warmup=0, device=device)[0]:.2f} s")
+    caption = f"SmallCNN 28x28, batch {batch}; first call: {', '.join(first)}"
+    return [(caption, measure(steps, device=device, repeat=repeat))]
 
 
-# ---------------------------------------------------------------- 6. notebook suite
+# ---------------------------------------------------------------- 7. optimizer implementations (the closing lesson's)
+ADAMW_IMPLEMENTATIONS = {"for-loop": (False, False), "foreach": (True, False), "fused": (False, True)}  # foreach, fused
 
 
+def optimizer_implementations(device: torch.device, *, models: dict[str, Callable], repeat: int) -> list[Table]:
+    """AdamW's step per implementation, each on its own copy of each model holding the same fixed random gradients:
+    time per step, and how far the copies' weights lie apart after the same steps (the most from the for-loop's)."""
+    tables = []
+    for caption, build in models.items():
+        seed_everything(0)
+        model, steps, replicas = build().to(device), {}, {}
+        gradients = [torch.randn_like(parameter) for parameter in model.parameters()]
+        for name, (foreach, fused) in ADAMW_IMPLEMENTATIONS.items():
+            replicas[name] = replica = copy.deepcopy(model)
+            for parameter, gradient in zip(replica.parameters(), gradients):
+                parameter.grad = gradient.clone()
+            steps[name] = torch.optim.AdamW(replica.parameters(), lr=1e-3, foreach=foreach, fused=fused).step
+        measured, reference = measure(steps, device=device, repeat=repeat), list(replicas["for-loop"].parameters())
+        apart = max((a - b).abs().max().item() for r in replicas.values() for a, b in zip(reference, r.parameters()))
+        tables.append((f"{caption}; weights after the same steps differ by at most {apart:.1e}", measured))
+    return tables
+
+
+# ---------------------------------------------------------------- 8. notebook suite
 def notebook_durations(junit_xml: Path) -> list[dict]:
     """Seconds per notebook (its cells summed) from a pytest JUnit XML report of an nbval run."""
-    totals: dict[str, float] = {}
+    totals: defaultdict[str, float] = defaultdict(float)
     for case in ElementTree.parse(junit_xml).getroot().iter("testcase"):
         if case.get("file", "").endswith(".ipynb"):
-            notebook = Path(case.get("file", "")).name
-            totals[notebook] = totals.get(notebook, 0.0) + float(case.get("time", 0.0))
+            totals[Path(case.get("file", "")).name] += float(case.get("time", 0.0))
     return [{"notebook": name, "seconds": seconds} for name, seconds in sorted(totals.items())]
 
 
@@ -252,52 +266,43 @@ def notebook_suite() -> list[dict]:
     """Run every notebook as the test suite does and report each one's wall time."""
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "notebooks.xml"
-        command = [
-            sys.executable,
-            *["-m", "pytest", "notebooks", "-q", "-o", "junit_family=xunit1"],
-            f"--junitxml={report}",
-        ]
-        done = subprocess.run(command, cwd=PROJECT, check=False, capture_output=True, text=True)
+        pytest = ["-m", "pytest", "notebooks", "-q", "-o", "junit_family=xunit1", f"--junitxml={report}"]
+        done = subprocess.run([sys.executable, *pytest], cwd=PROJECT, check=False, capture_output=True, text=True)
         if done.returncode != 0 or not report.exists():
             raise RuntimeError(f"the notebook run failed (exit {done.returncode}):\n{done.stdout[-2000:]}")
         rows = notebook_durations(report)
-    rows.append({"notebook": "total", "seconds": sum(r["seconds"] for r in rows)})
-    return rows
+    return [*rows, {"notebook": "total", "seconds": sum(r["seconds"] for r in rows)}]
 
 
 # ---------------------------------------------------------------- the command
-
-
 def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[], list[Table]]]]:
-    repeat, threads = 12 if quick else 40, sorted({1, os.cpu_count() or 1})
-    stack, mlp = lesson_sizes("checkpointing", device), lesson_sizes("mixed_precision", device)
+    repeat, threads, cpu = 12 if quick else 40, sorted({1, os.cpu_count() or 1}), device.type == "cpu"
+    stack, mlp = lesson_sizes("checkpointing", device, quick), lesson_sizes("mixed_precision", device, quick)
     loader = {"workers": (0, 2), "batch_sizes": (64,)} if quick else {"workers": (0, 1, 2), "batch_sizes": (32, 128)}
     inference_batches = (1, 64) if quick else (1, 16, 64, 256)
+    deep_stack = functools.partial(deep_linear_stack, stack["width"], stack["depth"])
+    models: dict[str, Callable] = {"SmallCNN": SmallCNN, f"{stack['depth']} x Linear {stack['width']}": deep_stack}
     return [
         ("1. Loop overhead (train_epoch vs the hand-written loop)", lambda: loop_overhead(device, quick=quick)),
         ("2. DataLoader on PNG files", lambda: dataloader_throughput(device, **loader)),
-        (
-            "3. Activation checkpointing",
-            lambda: activation_checkpointing(device, segments=(0, 2, 5, 10), repeat=max(3, repeat // 4), **stack),
-        ),
+        ("3. Activation checkpointing", lambda: activation_checkpointing(device, repeat=max(3, repeat // 4), **stack)),
         ("4. Mixed precision", lambda: mixed_precision(device, repeat=max(3, repeat // 2), **mlp)),
         ("5. Inference", lambda: inference(device, batch_sizes=inference_batches, threads=threads, repeat=repeat)),
+        ("6. torch.compile", lambda: compiled_training(device, batch=64 if cpu else 512, repeat=repeat)),
+        ("7. AdamW: for-loop, foreach, fused", lambda: optimizer_implementations(device, models=models, repeat=repeat)),
     ]
 
 
 def summary_lines(tables: dict[str, list[Table]], device: str) -> list[str]:
-    """The headline ratios: checkpointing at the most segments and bf16, on `device`."""
-    (_, checkpointing), (_, precision) = tables[f"3 {device}"][0], tables[f"4 {device}"][0]
-    most = max(checkpointing.results)
-    lines = [
-        f"  on {device}: activation checkpointing, {most} segments: {checkpointing.memory_ratio(most):.3f}x the saved "
-        f"bytes, {checkpointing.time_ratio(most):.3f}x the step time"
-    ]
-    if "bf16" in precision.results:
-        lines.append(
-            f"  bf16 autocast: {precision.memory_ratio('bf16'):.3f}x the saved bytes, "
-            f"{precision.time_ratio('bf16'):.3f}x the step time"
-        )
+    """The headline ratios on `device`: checkpointing at the most segments, bf16, torch.compile, fused AdamW."""
+    last = {key.split()[0]: found[-1][1] for key, found in tables.items() if key.endswith(f" {device}") and found}
+    most, lines = max(last["3"].results), []
+    headlines = [("3", most, f"on {device}: activation checkpointing, {most} segments"), ("4", "bf16", "bf16 autocast")]
+    for section, name, label in [*headlines, ("6", "compiled", "torch.compile"), ("7", "fused", "fused AdamW")]:
+        measured = last.get(section)
+        if measured is not None and name in measured.results:
+            memory = f"{measured.memory_ratio(name):.3f}x the saved bytes, " if measured[name].saved_bytes else ""
+            lines.append(f"  {label}: {memory}{measured.time_ratio(name):.3f}x the step time")
     return lines
 
 
@@ -306,20 +311,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m helpers.cli.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a reduced run, about a minute on a 2-core CPU")
     parser.add_argument("--json", default=str(PROJECT / "bench-results.json"), help="where to write the figures")
-    parser.add_argument("--skip-notebooks", action="store_true", help="leave out section 6 (the notebook suite)")
-    parser.add_argument(
-        "--default-malloc", action="store_true", help="leave glibc's malloc as it is (by default freed memory is kept)"
-    )
+    parser.add_argument("--skip-notebooks", action="store_true", help="leave out section 8 (the notebook suite)")
+    parser.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc as the system sets it")
     args = parser.parse_args(argv)
-    kept = False if args.default_malloc else keep_freed_memory()
+    malloc = "as the system sets it" if args.default_malloc or not keep_freed_memory() else "keeps freed memory"
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     results: dict = {"quick": args.quick, "machines": {}, "sections": {}}
     tables: dict[str, list[Table]] = {}
     plan = [(device, *section) for device in devices for section in _sections(device, args.quick)]
     with progress_bar(total=len(plan), desc="bench", unit="section") as bar:
         for device, title, run in plan:
-            info = {**machine_info(device), "malloc": "keeps freed memory" if kept else "as the system sets it"}
-            results["machines"][device.type] = info
+            results["machines"][device.type] = info = {**machine_info(device), "malloc": malloc}
             tables[f"{title.split('.')[0]} {device.type}"] = measured = run()
             bar.write(f"\n{title} on {device.type}")
             for caption, measurement in measured:
@@ -329,14 +331,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
             bar.write(machine_line(info))
             bar.update(1)
     if args.quick or args.skip_notebooks:
-        print("\n6. Notebook suite: skipped (run without --quick, or see `make test`'s durations)")
+        print("\n8. Notebook suite: skipped (run without --quick, or see `make test`'s durations)")
     else:
-        title = "6. Notebook suite (wall time under the test run)"
+        title = "8. Notebook suite (wall time under the test run)"
         rows = results["sections"][title] = notebook_suite()
         print(f"\n{format_table(rows, ['notebook', 'seconds'], title=title)}")
     # the helpers' throughput over the hand-written loop's = the median per-round time ratio hand / helpers
-    loops = [measured for device in devices for _, measured in tables[f"1 {device.type}"]]
-    worst = min(measured.time_ratio("hand-written", against="helpers") for measured in loops)
+    worst = min(m.time_ratio("hand-written", against="helpers") for d in devices for _, m in tables[f"1 {d.type}"])
     results["summary"] = {"loop_ratio_min": worst}
     Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     print("\nSummary", *summary_lines(tables, devices[-1].type), f"  figures written to {args.json}", sep="\n")
