@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from helpers.checkpoint import load_checkpoint
-from helpers.cli.train_ddp import main, parse_args
+from helpers.cli.train_ddp import main, parse_args, train
 from helpers.models import MLP
-from helpers.workers.ddp import TrainConfig, build_model, train_one_process
+from helpers.workers.ddp import TrainConfig, build_model, train_one_process, train_validation_split
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,14 +64,15 @@ def test_torchrun_two_ranks_trains_logs_once_and_saves_a_plain_checkpoint(tmp_pa
 
     record = json.loads((tmp_path / "history.json").read_text())
     assert record["world_size"] == 2 and len(record["history"]) == epochs
-    assert record["history"][-1]["samples_seen"] == 1348  # 1347 training digits, padded to 2 x 674
+    train_size, val_size = (len(part) for part in train_validation_split(seed))
+    assert record["history"][-1]["samples_seen"] == 2 * -(-train_size // 2)  # the training split, padded to even
 
     # The same run in one process, on the same global batches, ends in the same place.
     twin_history, twin = train_one_process(TrainConfig(epochs=epochs, batch_size=batch, seed=seed, lr=0.05), 2)
-    twin_accuracies = [row["test_accuracy"] for row in twin_history]
+    twin_accuracies = [row["val_accuracy"] for row in twin_history]
     for name, value in twin.state_dict().items():
         torch.testing.assert_close(checkpoint["model"][name], value, rtol=1e-4, atol=1e-5)
-    assert twin_accuracies == pytest.approx([row["test_accuracy"] for row in record["history"]], abs=2 / 450)
+    assert twin_accuracies == pytest.approx([row["val_accuracy"] for row in record["history"]], abs=2 / val_size)
 
 
 def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
@@ -96,6 +97,7 @@ def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
         (["--lr", "0"], "lr must be a positive number"),
         (["--momentum", "1.5"], "momentum must be in"),
         (["--backend", "udp"], "invalid choice"),
+        (["--strategy", "zero3"], "invalid choice"),
     ],
 )
 def test_bad_arguments_are_refused_with_a_message(argv, message, capsys):
@@ -103,6 +105,49 @@ def test_bad_arguments_are_refused_with_a_message(argv, message, capsys):
         parse_args(argv)
     assert caught.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_strategy_defaults_to_ddp_and_fsdp_is_accepted():
+    config, strategy = parse_args(["--epochs", "2"])
+    assert strategy == "ddp" and config.epochs == 2
+    assert parse_args(["--strategy", "fsdp"])[1] == "fsdp"
+    with pytest.raises(ValueError, match="strategy must be one of \\['ddp', 'fsdp'\\], got 'zero3'"):
+        train(TrainConfig(), "zero3")  # refused before any process group is joined
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_with_fsdp_saves_a_whole_model_that_matches_the_twin(tmp_path):
+    epochs, batch, seed = 1, 16, 3
+    args = ["--strategy", "fsdp", "--epochs", str(epochs), "--batch-size", str(batch), "--seed", str(seed)]
+    completed = subprocess.run(
+        _torchrun(*args, "--out", str(tmp_path), "--no-progress"),
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-3000:]
+    lines = completed.stdout.splitlines()
+    assert sum(line.startswith("epoch ") for line in lines) == epochs
+    assert any(line.startswith("world_size=2 ") and "strategy=fsdp" in line for line in lines)
+
+    checkpoint = torch.load(tmp_path / "model.pt", map_location="cpu", weights_only=True)
+    MLP(64, (64,), 10).load_state_dict(checkpoint["model"])  # strict: whole tensors, plain names
+    assert sorted(checkpoint["optimizer"]["state"]) == [0, 1, 2, 3]  # SGD's momentum, whole, for a plain optimizer
+    loaded = load_checkpoint(tmp_path / "model.pt", MLP(64, (64,), 10), restore_rng=False)
+    assert loaded["extra"]["strategy"] == "fsdp" and loaded["extra"]["world_size"] == 2
+    assert json.loads((tmp_path / "history.json").read_text())["strategy"] == "fsdp"
+
+    _, twin = train_one_process(TrainConfig(epochs=epochs, batch_size=batch, seed=seed), 2)
+    for name, value in twin.state_dict().items():
+        torch.testing.assert_close(checkpoint["model"][name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_train_validation_split_is_disjoint_complete_and_seeded():
+    train, val = train_validation_split(5)
+    assert sorted(train.indices + val.indices) == list(range(1347)) and len(val) == 269  # 20% of 1347 digits
+    assert train_validation_split(5)[1].indices == val.indices != train_validation_split(6)[1].indices
 
 
 def test_train_config_checks_hidden_widths():
@@ -115,9 +160,9 @@ def test_train_one_process_follows_the_global_batches_and_restores_threads():
     threads = torch.get_num_threads()
     history, model = train_one_process(config, 2, threads=1)
     assert torch.get_num_threads() == threads
-    assert [row["epoch"] for row in history] == [1, 2] and all(0 <= row["test_accuracy"] <= 1 for row in history)
+    assert [row["epoch"] for row in history] == [1, 2] and all(0 <= row["val_accuracy"] <= 1 for row in history)
     again, same = train_one_process(config, 2)
-    assert [row["test_accuracy"] for row in again] == [row["test_accuracy"] for row in history]
+    assert [row["val_accuracy"] for row in again] == [row["val_accuracy"] for row in history]
     for name, value in same.state_dict().items():
         torch.testing.assert_close(value, model.state_dict()[name])  # thread count: rounding at most
     _, nudged = train_one_process(config, 2, nudge=0.5)

@@ -1,4 +1,4 @@
-"""Train the course MLP on the digits with DistributedDataParallel, one process per device; run it with torchrun.
+"""Train the course MLP on the digits with DistributedDataParallel (or FSDP2), one process per device; run it with torchrun.
 
 One machine, 2 processes (CPU with gloo here; 2 GPUs with nccl, picked automatically):
 
@@ -18,11 +18,17 @@ also allows elastic ranges such as --nnodes=1:4 and restarts with --max_restarts
     torchrun --nnodes=2 --nproc_per_node=4 --rdzv_id=digits42 --rdzv_backend=c10d \\
         --rdzv_endpoint=10.0.0.1:29400 -m helpers.cli.train_ddp --epochs 5
 
+`--strategy fsdp` shards the model, its gradients and its optimizer state over the ranks instead
+(`fully_shard`, notebook 07); every command above takes it, e.g. on one machine:
+
+    torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp --strategy fsdp --epochs 5 --out runs/fsdp
+
 torchrun gives every process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the script
 reads them through init_process_group("env://"). Run without torchrun it trains as a world of one.
-The training itself is helpers.workers.ddp.train_ddp, the loop notebook 06 shows: only rank 0 logs
-and writes the checkpoint (the bare model's state_dict, without DDP's `module.` prefix) and a
-history.json with one row of metrics per epoch.
+The training itself is helpers.workers.ddp.train_ddp, the loop notebook 06 shows (or, with
+--strategy fsdp, helpers.workers.fsdp.train_fsdp): only rank 0 logs and writes the checkpoint (the
+bare model's state_dict, without DDP's `module.` prefix; under FSDP the whole model, gathered from
+the shards) and a history.json with one row of metrics per epoch. Either file loads into a plain MLP.
 """
 
 from __future__ import annotations
@@ -36,10 +42,15 @@ import torch
 
 from helpers.distributed import default_backend, find_free_port, setup_process_group, teardown_process_group
 from helpers.workers.ddp import TrainConfig, train_ddp
+from helpers.workers.fsdp import train_fsdp
+
+STRATEGIES = {"ddp": train_ddp, "fsdp": train_fsdp}  # a whole copy per rank, or a shard per rank
 
 
-def train(config: TrainConfig) -> list[dict]:
-    """Join the process group torchrun describes (or a world of one), run train_ddp, leave the group."""
+def train(config: TrainConfig, strategy: str = "ddp") -> list[dict]:
+    """Join the process group torchrun describes (or a world of one), run train_ddp (or train_fsdp), leave the group."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
     if "RANK" in os.environ:  # started by torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
         rank, world_size, init_method = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://"
     else:  # started with plain python: a world of one, on a free local port
@@ -50,17 +61,23 @@ def train(config: TrainConfig) -> list[dict]:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the cores
     device = setup_process_group(rank, world_size, backend=backend, init_method=init_method, timeout_s=config.timeout_s)
     try:
-        return train_ddp(config, rank, world_size, device)
+        return STRATEGIES[strategy](config, rank, world_size, device)
     finally:
         teardown_process_group()
         torch.set_num_threads(threads_before)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Command-line arguments to a TrainConfig."""
+def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
+    """Command-line arguments to a TrainConfig and the strategy ('ddp' or 'fsdp')."""
     parser = argparse.ArgumentParser(
         prog="torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp",
-        description="Train the course MLP on the digits with DDP.",
+        description="Train the course MLP on the digits with DDP or FSDP2.",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=sorted(STRATEGIES),
+        default="ddp",
+        help="ddp: a whole model per rank; fsdp: parameters, gradients and optimizer state sharded (fully_shard)",
     )
     defaults = TrainConfig()
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
@@ -82,7 +99,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     try:
-        return TrainConfig(
+        config = TrainConfig(
             epochs=args.epochs,
             batch_size=args.batch_size,
             lr=args.lr,
@@ -96,11 +113,13 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         )
     except ValueError as error:
         parser.error(str(error))
+    return config, args.strategy
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: parse the arguments and train."""
-    train(parse_args(argv))
+    config, strategy = parse_args(argv)
+    train(config, strategy)
 
 
 if __name__ == "__main__":
