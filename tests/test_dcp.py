@@ -1,0 +1,50 @@
+"""Distributed checkpoints (torch.distributed.checkpoint through helpers.workers.fsdp): saved sharded by N ranks,
+loaded by M processes (2 -> 1 -> 2, and a world of one), weights and AdamW state unchanged."""
+
+import pytest
+import torch
+
+from helpers.checkpoint import states_equal
+from helpers.distributed import world_of_one
+from helpers.processes import launch
+from helpers.workers import fsdp as workers
+
+SEED, HIDDEN, STEPS, BATCH, LR = 4, (32,), 2, 8, 1e-2
+
+
+def _different(a: dict, b: dict) -> bool:
+    return all(not torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_world_of_one_saves_and_a_plain_process_loads_model_and_optimizer(tmp_path):
+    with world_of_one(timeout_s=60):
+        model, optimizer = workers.trained_fsdp(SEED, HIDDEN, STEPS, BATCH, LR, rank=0, world_size=1)
+        workers.save_sharded(model, optimizer, tmp_path)
+        saved = workers.full_state(model, optimizer)
+    assert (tmp_path / ".metadata").is_file() and (tmp_path / "__0_0.distcp").is_file()
+    plain, loaded = workers.load_checkpoint_here(SEED, HIDDEN, LR, tmp_path)
+    assert states_equal(loaded, saved)
+    assert set(loaded["optimizer"]["state"]["1.weight"]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert float(loaded["optimizer"]["state"]["1.weight"]["step"]) == STEPS
+    assert all(torch.equal(p.detach(), saved["model"][name]) for name, p in plain.named_parameters())
+
+
+def test_load_refuses_a_folder_without_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no distributed checkpoint in .*: its .metadata file"):
+        workers.load_checkpoint_here(SEED, HIDDEN, LR, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_ranks_save_one_process_loads_and_two_ranks_load_again(tmp_path):
+    saved = launch(workers.save_worker, 2, args=(SEED, HIDDEN, STEPS, BATCH, LR, str(tmp_path)), timeout_s=180)
+    assert states_equal(saved[0], saved[1])  # whole state, gathered: the same on both ranks
+    files = sorted(path.name for path in tmp_path.iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # a file per rank, written in parallel
+
+    _, here = workers.load_checkpoint_here(SEED, HIDDEN, LR, tmp_path)  # 2 ranks -> 1 process
+    assert states_equal(here, saved[0])
+
+    again = launch(workers.load_worker, 2, args=(SEED, HIDDEN, LR, str(tmp_path)), timeout_s=180)  # -> 2 ranks
+    for rank in again:
+        assert _different(rank["before"], saved[0]["model"])  # the fresh model started elsewhere
+        assert states_equal(rank["loaded"], saved[0])
