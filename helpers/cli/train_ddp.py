@@ -25,8 +25,8 @@ also allows elastic ranges such as --nnodes=1:4 and restarts with --max_restarts
 
 torchrun gives every process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the script
 reads them through init_process_group("env://"). Run without torchrun it trains as a world of one.
-The training itself is helpers.workers.ddp.train_ddp, the loop notebook 06 shows (or, with
---strategy fsdp, helpers.workers.fsdp.train_fsdp): only rank 0 logs and writes the checkpoint (the
+The training itself is helpers.workers.ddp.train_ddp, the loop notebook 06 shows (with --strategy
+fsdp the same loop on a model sharded by helpers.workers.fsdp.shard_model): only rank 0 logs and writes the checkpoint (the
 bare model's state_dict, without DDP's `module.` prefix; under FSDP the whole model, gathered from
 the shards) and a history.json with one row of metrics per epoch. Either file loads into a plain MLP.
 """
@@ -41,16 +41,13 @@ from collections.abc import Sequence
 import torch
 
 from helpers.distributed import default_backend, find_free_port, setup_process_group, teardown_process_group
-from helpers.workers.ddp import TrainConfig, train_ddp
-from helpers.workers.fsdp import train_fsdp
-
-STRATEGIES = {"ddp": train_ddp, "fsdp": train_fsdp}  # a whole copy per rank, or a shard per rank
+from helpers.workers.ddp import STRATEGIES, TrainConfig, train_ddp
 
 
 def train(config: TrainConfig, strategy: str = "ddp") -> list[dict]:
-    """Join the process group torchrun describes (or a world of one), run train_ddp (or train_fsdp), leave the group."""
+    """Join the process group torchrun describes (or a world of one), run train_ddp with `strategy`, leave the group."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
+        raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
     if "RANK" in os.environ:  # started by torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
         rank, world_size, init_method = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://"
     else:  # started with plain python: a world of one, on a free local port
@@ -61,7 +58,7 @@ def train(config: TrainConfig, strategy: str = "ddp") -> list[dict]:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the cores
     device = setup_process_group(rank, world_size, backend=backend, init_method=init_method, timeout_s=config.timeout_s)
     try:
-        return STRATEGIES[strategy](config, rank, world_size, device)
+        return train_ddp(config, rank, world_size, device, strategy=strategy)
     finally:
         teardown_process_group()
         torch.set_num_threads(threads_before)
@@ -75,7 +72,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
     )
     parser.add_argument(
         "--strategy",
-        choices=sorted(STRATEGIES),
+        choices=list(STRATEGIES),
         default="ddp",
         help="ddp: a whole model per rank; fsdp: parameters, gradients and optimizer state sharded (fully_shard)",
     )

@@ -293,19 +293,35 @@ def evaluate_sharded(model: nn.Module, dataset, device: torch.device, rank: int,
     return {"loss": totals["loss_sum"] / totals["samples"], "accuracy": totals["correct"] / totals["samples"]}
 
 
-def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> list[dict]:
-    """One rank's DDP training run, in a process group already set up; returns the history (on every rank)."""
+STRATEGIES = ("ddp", "fsdp")  # a whole copy of the model per rank (DDP), or a shard per rank (FSDP2, notebook 07)
+
+
+def train_ddp(
+    config: TrainConfig, rank: int, world_size: int, device: torch.device, *, strategy: str = "ddp"
+) -> list[dict]:
+    """One rank's training run, in a process group already set up; returns the history (on every rank).
+
+    `strategy` 'ddp' wraps the model in DistributedDataParallel; 'fsdp' shards it with fully_shard
+    (helpers.workers.fsdp.shard_model). The loop is the same: only what backward() communicates differs.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
     train_set, val_set = train_validation_split(config.seed)  # the same split on every rank
     sampler: DistributedSampler[int] = DistributedSampler(
         train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
     )
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)  # this rank's shard only
     model = build_model(config).to(device)  # same seed on every rank (and DDP broadcasts rank 0's weights)
-    model = DistributedDataParallel(model, device_ids=_device_ids(device))
-    optimizer = build_optimizer(model, config)
+    if strategy == "ddp":
+        model = DistributedDataParallel(model, device_ids=_device_ids(device))
+    else:
+        from .fsdp import shard_model
+
+        model = shard_model(model)  # each rank keeps its shards
+    optimizer = build_optimizer(model, config)  # under FSDP built on the shards: its state is sharded too
     loss_fn = nn.CrossEntropyLoss()
     print_rank0(
-        f"world_size={world_size} backend={dist.get_backend()} device={device.type} "
+        f"world_size={world_size} backend={dist.get_backend()} device={device.type} strategy={strategy} "
         f"batch={config.batch_size}/rank ({world_size * config.batch_size} per step) "
         f"steps/epoch={len(loader)}",
         flush=True,
@@ -314,7 +330,7 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
     if config.progress and rank == 0:  # one progress bar, not one per rank
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=config.epochs * len(loader), desc="ddp", unit="step")
+        bar = tqdm(total=config.epochs * len(loader), desc=strategy, unit="step")
     history: list[dict] = []
     for epoch in range(config.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats epoch 0's order
@@ -325,14 +341,16 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
             inputs, targets = inputs.to(device), targets.to(device)
             loss = loss_fn(model(inputs), targets)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP all-reduces (averages) the gradients during this call
-            optimizer.step()  # same averaged gradient on every rank: the copies stay identical
+            loss.backward()  # DDP all-reduces (averages) the gradients; FSDP reduce-scatters them into shards
+            optimizer.step()  # the same averaged gradient everywhere: the copies (or shards) stay consistent
             loss_sum += loss.detach() * len(targets)  # no .item() per step: it would wait for the GPU
             samples += len(targets)
             if bar is not None:
                 bar.update(1)
         seconds = time.perf_counter() - start
         train_totals = all_reduce_metrics({"loss_sum": float(loss_sum), "samples": samples})  # sums over ranks
+        # Under FSDP every forward all-gathers, so every rank must run as many: with 2 ranks or more each rank's
+        # share of the ~270 validation digits is one batch.
         val = evaluate_sharded(unwrap_model(model), val_set, device, rank, world_size)
         history.append(
             {
@@ -351,24 +369,30 @@ def train_ddp(config: TrainConfig, rank: int, world_size: int, device: torch.dev
         )
     if bar is not None:
         bar.close()
-    if rank == 0 and config.out:  # one writer: N ranks writing one file would race
-        # unwrap_model(model) is model.module: its keys have no "module." prefix, so the file loads
-        # into a plain model, with or without DDP.
+    # A file one process can load. DDP: unwrap_model(model) is model.module, whose keys have no "module." prefix.
+    # FSDP: every rank helps gather the whole state into a plain model (a collective), rank 0 receives it.
+    if strategy == "ddp":
+        whole: tuple[nn.Module, torch.optim.Optimizer] | None = (unwrap_model(model), optimizer)
+    else:
+        from .fsdp import gather_whole
+
+        whole = gather_whole(model, optimizer, config, rank)
+    if rank == 0 and config.out and whole is not None:  # one writer: N ranks writing one file would race
         path = save_checkpoint(
             Path(config.out) / "model.pt",
-            unwrap_model(model),
-            optimizer,
+            *whole,
             epoch=config.epochs,
             step=config.epochs * len(loader),
             metric=history[-1]["val_accuracy"],
-            extra={"config": asdict(config), "world_size": world_size, "history": history},
+            extra={"config": asdict(config), "world_size": world_size, "strategy": strategy, "history": history},
         )
-        Path(config.out, "history.json").write_text(
-            json.dumps(
-                {"world_size": world_size, "backend": dist.get_backend(), "config": asdict(config), "history": history},
-                indent=1,
-            )
-        )
+        record = {
+            "world_size": world_size,
+            "backend": dist.get_backend(),
+            "strategy": strategy,
+            "config": asdict(config),
+        }
+        Path(config.out, "history.json").write_text(json.dumps({**record, "history": history}, indent=1))
         print_rank0(f"saved {path}", flush=True)
     dist.barrier()  # nobody leaves before rank 0 has written its files
     return history

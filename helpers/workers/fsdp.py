@@ -12,12 +12,9 @@ that `load_worker` and `load_checkpoint_here` read back into any number of proce
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +32,16 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.data import DataLoader, DistributedSampler
 
-from helpers.checkpoint import save_checkpoint
 from helpers.checks import check_int, check_positive_number
-from helpers.distributed import all_reduce_metrics, print_rank0, rank_device
+from helpers.distributed import rank_device
 from helpers.memory import saved_tensors_meter
 from helpers.models import MLP
 from helpers.workers.ddp import (
     TrainConfig,
     build_model,
     build_optimizer,
-    evaluate_sharded,
     gradient_batch,
-    train_validation_split,
 )
 
 # The collectives FSDP2 and DDP issue, as the dispatcher names them, and what the lesson calls them.
@@ -360,82 +353,18 @@ def load_checkpoint_here(seed: int, hidden: Sequence[int], lr: float, path: str 
 # ---------------------------------------------------------------- FSDP training (torchrun -m helpers.cli.train_ddp --strategy fsdp)
 
 
-def train_fsdp(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> list[dict]:
-    """train_ddp with fully_shard instead of the DDP wrapper; rank 0 saves the whole model, loadable by a plain MLP."""
-    train_set, val_set = train_validation_split(config.seed)  # the same split on every rank
-    sampler: DistributedSampler[int] = DistributedSampler(
-        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
-    )
-    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)  # equal steps on every rank
-    model = shard_model(build_model(config).to(device))  # same seed everywhere; each rank keeps its shards
-    optimizer = build_optimizer(model, config)  # built on the sharded parameters: its state is sharded too
-    print_rank0(
-        f"world_size={world_size} backend={dist.get_backend()} device={device.type} strategy=fsdp "
-        f"batch={config.batch_size}/rank ({world_size * config.batch_size} per step) steps/epoch={len(loader)}",
-        flush=True,
-    )
-    bar = None
-    if config.progress and rank == 0:  # one progress bar, not one per rank
-        from tqdm.auto import tqdm
+def gather_whole(
+    model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, rank: int
+) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+    """The sharded model and optimizer gathered into a plain model and optimizer on rank 0 (None elsewhere).
 
-        bar = tqdm(total=config.epochs * len(loader), desc="fsdp", unit="step")
-    history: list[dict] = []
-    for epoch in range(config.epochs):
-        sampler.set_epoch(epoch)
-        model.train()
-        start = time.perf_counter()
-        loss_sum, samples = torch.zeros((), device=device), 0
-        for inputs, targets in loader:
-            inputs, targets = inputs.to(device), targets.to(device)
-            loss = nn.functional.cross_entropy(model(inputs), targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # reduce-scatter: each rank ends with its shard of the averaged gradient
-            optimizer.step()
-            loss_sum += loss.detach() * len(targets)
-            samples += len(targets)
-            if bar is not None:
-                bar.update(1)
-        seconds = time.perf_counter() - start
-        totals = all_reduce_metrics({"loss_sum": float(loss_sum), "samples": samples})
-        # Every forward all-gathers, so every rank must run as many: each rank's share of the 270 validation
-        # digits fits one batch of 256 for any world size from 2 up.
-        val = evaluate_sharded(model, val_set, device, rank, world_size)
-        history.append(
-            {
-                "epoch": epoch + 1,
-                "train_loss": totals["loss_sum"] / totals["samples"],
-                "val_loss": val["loss"],
-                "val_accuracy": val["accuracy"],
-                "seconds": seconds,
-                "samples_seen": int(totals["samples"]),
-            }
-        )
-        print_rank0(
-            f"epoch {epoch + 1}: train_loss={history[-1]['train_loss']:.4f} val_loss={val['loss']:.4f} "
-            f"val_accuracy={val['accuracy']:.4f} ({seconds:.2f} s)",
-            flush=True,
-        )
-    if bar is not None:
-        bar.close()
-    # A file one process can load: every rank helps gather the whole state, rank 0 alone receives it and writes.
+    Every rank must call it (gathering is a collective); the result loads into a plain MLP like a DDP run's file."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
-    if rank == 0 and config.out:
-        plain = build_model(config)
-        plain.load_state_dict(model_state)
-        plain_optimizer = build_optimizer(plain, config)
-        set_optimizer_state_dict(plain, plain_optimizer, optimizer_state)
-        path = save_checkpoint(
-            Path(config.out) / "model.pt",
-            plain,
-            plain_optimizer,
-            epoch=config.epochs,
-            step=config.epochs * len(loader),
-            metric=history[-1]["val_accuracy"],
-            extra={"config": asdict(config), "world_size": world_size, "strategy": "fsdp", "history": history},
-        )
-        record = {"world_size": world_size, "backend": dist.get_backend(), "strategy": "fsdp", "config": asdict(config)}
-        Path(config.out, "history.json").write_text(json.dumps({**record, "history": history}, indent=1))
-        print_rank0(f"saved {path}", flush=True)
-    dist.barrier()  # nobody leaves before rank 0 has written its files
-    return history
+    if rank != 0:
+        return None
+    plain = build_model(config)
+    plain.load_state_dict(model_state)
+    plain_optimizer = build_optimizer(plain, config)
+    set_optimizer_state_dict(plain, plain_optimizer, optimizer_state)
+    return plain, plain_optimizer
