@@ -276,7 +276,10 @@ def train_validation_split(seed: int) -> list[Subset]:
 
 
 def evaluate_sharded(model: nn.Module, dataset, device: torch.device, rank: int, world_size: int) -> dict:
-    """Each rank scores every world_size-th sample (no padding, no overlap); the sums are all-reduced."""
+    """Each rank scores every world_size-th sample (no padding, no overlap); the sums are all-reduced.
+
+    Under FSDP every forward all-gathers, so every rank must run as many batches: the shards differ by at most one
+    sample, one batch of 256 each for the validation split on 2 ranks or more."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     was_training = model.training
@@ -306,18 +309,16 @@ def train_ddp(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    from .fsdp import gather_whole, shard_model  # FSDP2's two changes (notebook 07); imported here: fsdp imports us
+
     train_set, val_set = train_validation_split(config.seed)  # the same split on every rank
     sampler: DistributedSampler[int] = DistributedSampler(
         train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
     )
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)  # this rank's shard only
     model = build_model(config).to(device)  # same seed on every rank (and DDP broadcasts rank 0's weights)
-    if strategy == "ddp":
-        model = DistributedDataParallel(model, device_ids=_device_ids(device))
-    else:
-        from .fsdp import shard_model
-
-        model = shard_model(model)  # each rank keeps its shards
+    # DDP: a whole copy per rank; FSDP: each rank keeps its shards
+    model = DistributedDataParallel(model, device_ids=_device_ids(device)) if strategy == "ddp" else shard_model(model)
     optimizer = build_optimizer(model, config)  # under FSDP built on the shards: its state is sharded too
     loss_fn = nn.CrossEntropyLoss()
     print_rank0(
@@ -349,8 +350,6 @@ def train_ddp(
                 bar.update(1)
         seconds = time.perf_counter() - start
         train_totals = all_reduce_metrics({"loss_sum": float(loss_sum), "samples": samples})  # sums over ranks
-        # Under FSDP every forward all-gathers, so every rank must run as many: with 2 ranks or more each rank's
-        # share of the ~270 validation digits is one batch.
         val = evaluate_sharded(unwrap_model(model), val_set, device, rank, world_size)
         history.append(
             {
@@ -369,14 +368,8 @@ def train_ddp(
         )
     if bar is not None:
         bar.close()
-    # A file one process can load. DDP: unwrap_model(model) is model.module, whose keys have no "module." prefix.
-    # FSDP: every rank helps gather the whole state into a plain model (a collective), rank 0 receives it.
-    if strategy == "ddp":
-        whole: tuple[nn.Module, torch.optim.Optimizer] | None = (unwrap_model(model), optimizer)
-    else:
-        from .fsdp import gather_whole
-
-        whole = gather_whole(model, optimizer, config, rank)
+    # A file a plain model loads: DDP's model.module (no "module." prefix), or FSDP's shards gathered on rank 0
+    whole = (unwrap_model(model), optimizer) if strategy == "ddp" else gather_whole(model, optimizer, config, rank)
     if rank == 0 and config.out and whole is not None:  # one writer: N ranks writing one file would race
         path = save_checkpoint(
             Path(config.out) / "model.pt",
