@@ -71,3 +71,14 @@ def pytest_runtest_call(item):
                 f"shown in one short line, and print the evidence above it: {too_long[0]}"
             )
     return result
+
+
+@pytest.fixture()
+def one_thread():
+    """Bit-identical runs need the same CPU thread count in every run (the command-line runs use --threads 1)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -534,15 +534,6 @@ def test_train_rejects_bad_arguments(tmp_path):
 # ----------------------------------------------------------------------------- resume: lose nothing
 
 
-@pytest.fixture()
-def one_thread():
-    """Bit-identical results need the same CPU thread count in every run; the CLI runs use --threads 1."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     previous = torch.get_num_threads()

@@ -138,15 +138,6 @@ def straight_run(tmp_path_factory):
         torch.set_num_threads(previous)
 
 
-@pytest.fixture()
-def one_thread():
-    """Bit-identical runs need the same CPU thread count; the command-line run uses --threads 1."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _assert_same_weights_as(folder: Path, straight: dict) -> None:
     latest = CheckpointManager(folder).latest()
     assert latest is not None, f"no checkpoint in {folder}"
