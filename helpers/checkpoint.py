@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.data import Sampler
 
 from .checks import check_int
+from .memory import format_bytes
 
 FORMAT = "helpers.checkpoint/2"  # 2: python and numpy RNG states stored as tuples, no best_metric
 _SAFE_LEAVES = (str, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
@@ -218,10 +219,7 @@ def _write_error(path: Path, cause: OSError) -> CheckpointWriteError:
             advice = "free some space or save to another disk, then save again"
         with contextlib.suppress(OSError, StopIteration):
             folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
-            left = shutil.disk_usage(folder).free
-            power = min(3, max(0, left.bit_length() - 1) // 10)  # bytes, KiB, MiB, GiB
-            shown = f"{left / 1024**power:.1f} {('', 'KiB', 'MiB', 'GiB')[power]}" if power else f"{left} bytes"
-            free = f"; {shown} free on the disk holding {folder}"
+            free = f"; {format_bytes(shutil.disk_usage(folder).free)} free on the disk holding {folder}"
     return CheckpointWriteError(
         cause.errno,
         f"cannot write checkpoint {path}: {reason}{f' ({name})' if name else ''}{free}. Earlier checkpoints "

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .checks import check_int
+from .memory import format_bytes
 
 DEVICE_KINDS = ("cuda", "mps", "cpu")
 
@@ -185,7 +186,6 @@ def describe_sizes(
 ) -> str:
     """One line for a notebook: the sizes it runs and their estimated GPU peak; on CUDA also the free memory,
     sizes_for's choice for it and, when they are smaller, what the top sizes would need (`free_bytes` as in sizes_for)."""
-    from .memory import format_bytes
 
     def shown(chosen: dict[str, int]) -> str:
         return ", ".join(f"{name} {value}" for name, value in chosen.items())

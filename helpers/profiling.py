@@ -1,15 +1,12 @@
-"""Finding where training time goes and what a speed-up bought: the seconds a torch.profiler run spent under each
-`record_function` label, whether torch.compile can build kernels here, and a chart of throughput relative to a
-baseline (from `helpers.rig.measure`)."""
+"""Finding where training time goes: the seconds a torch.profiler run spent under each `record_function` label,
+and whether torch.compile can build kernels here. (What a speed-up bought is charted by the rig:
+`helpers.rig.Measurement.speedup_chart`.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from matplotlib.figure import Figure
-
-from .rig import Measurement
 
 
 def seconds_by_label(profile: torch.profiler.profile, labels: Sequence[str]) -> dict[str, float]:
@@ -41,35 +38,3 @@ def compile_ready(device: torch.device | str, *, compile_fn: Callable = torch.co
     if not torch.allclose(result, probe(x)):
         return False, "the compiled function returned a wrong result"
     return True, f"torch.compile built and ran a kernel on {x.device.type}"
-
-
-def speedup_chart(measurement: Measurement, *, notes: Mapping[str, str] | None = None, title: str = "") -> Figure:
-    """Bars of each variant's throughput relative to the baseline (baseline time / its time, median of the
-    rounds), whiskers for the middle half of the per-round ratios, and an optional note under each label."""
-    import matplotlib.pyplot as plt
-
-    notes = dict(notes or {})
-    names = list(measurement.results)
-    unknown = set(notes) - {measurement.label(name) for name in names}
-    if unknown:
-        raise ValueError(f"notes name variants that were not measured: {sorted(unknown)}")
-    speedups = [1 / measurement.time_ratio(name) for name in names]
-    spreads = [measurement.ratio_spread(name) for name in names]  # time ratios: the low one is the fast end
-    errors = [
-        [s - 1 / high for s, (_, high) in zip(speedups, spreads)],
-        [1 / low - s for s, (low, _) in zip(speedups, spreads)],
-    ]
-    labels = [measurement.label(name) for name in names]
-    ticks = [f"{label}\n{notes[label]}" if label in notes else label for label in labels]
-    figure, ax = plt.subplots(figsize=(max(5.0, 1.25 * len(names)), 3.6), layout="constrained")
-    bars = ax.bar(ticks, speedups, yerr=errors, capsize=4, color="tab:green")
-    ax.bar_label(bars, [f"x{s:.2f}" for s in speedups], fontsize=8, padding=2)
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    unit = measurement.unit
-    ax.set(
-        ylabel=f"{unit}s per second, relative",
-        title=title or f"throughput against {measurement.label(measurement.baseline)!r}",
-    )
-    ax.tick_params(axis="x", labelsize=8)
-    ax.margins(y=0.15)
-    return figure

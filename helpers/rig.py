@@ -168,6 +168,37 @@ class Measurement:
             ax.margins(y=0.15)
         return figure
 
+    def speedup_chart(self, *, notes: Mapping[str, str] | None = None, title: str = "") -> Figure:
+        """Bars of each variant's throughput relative to the baseline (baseline time / its time, median of the
+        rounds), whiskers for the middle half of the per-round ratios, and an optional note under each label."""
+        import matplotlib.pyplot as plt
+
+        notes = dict(notes or {})
+        names = list(self.results)
+        unknown = set(notes) - {self.label(name) for name in names}
+        if unknown:
+            raise ValueError(f"notes name variants that were not measured: {sorted(unknown)}")
+        speedups = [1 / self.time_ratio(name) for name in names]
+        spreads = [self.ratio_spread(name) for name in names]  # time ratios: the low one is the fast end
+        errors = [
+            [s - 1 / high for s, (_, high) in zip(speedups, spreads)],
+            [1 / low - s for s, (low, _) in zip(speedups, spreads)],
+        ]
+        labels = [self.label(name) for name in names]
+        ticks = [f"{label}\n{notes[label]}" if label in notes else label for label in labels]
+        figure, ax = plt.subplots(figsize=(max(5.0, 1.25 * len(names)), 3.6), layout="constrained")
+        bars = ax.bar(ticks, speedups, yerr=errors, capsize=4, color="tab:green")
+        ax.bar_label(bars, [f"x{s:.2f}" for s in speedups], fontsize=8, padding=2)
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        unit = self.unit
+        ax.set(
+            ylabel=f"{unit}s per second, relative",
+            title=title or f"throughput against {self.label(self.baseline)!r}",
+        )
+        ax.tick_params(axis="x", labelsize=8)
+        ax.margins(y=0.15)
+        return figure
+
 
 def measure(
     steps: Mapping[Any, Callable[[], object]],

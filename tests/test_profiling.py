@@ -5,7 +5,7 @@ import torch
 from matplotlib.figure import Figure
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from helpers.profiling import compile_ready, seconds_by_label, speedup_chart
+from helpers.profiling import compile_ready, seconds_by_label
 from helpers.rig import Measurement, Result
 
 
@@ -55,7 +55,7 @@ def _measurement() -> Measurement:
 
 
 def test_speedup_chart_draws_throughput_relative_to_the_baseline():
-    figure = speedup_chart(_measurement(), notes={"fast": "acc 0.95"})
+    figure = _measurement().speedup_chart(notes={"fast": "acc 0.95"})
     assert isinstance(figure, Figure)
     ax = figure.axes[0]
     heights = [bar.get_height() for bar in ax.patches]
@@ -66,4 +66,4 @@ def test_speedup_chart_draws_throughput_relative_to_the_baseline():
 
 def test_speedup_chart_refuses_notes_for_variants_not_measured():
     with pytest.raises(ValueError, match="slow"):
-        speedup_chart(_measurement(), notes={"slow": "acc 0.1"})
+        _measurement().speedup_chart(notes={"slow": "acc 0.1"})

@@ -32,11 +32,13 @@ from helpers.models import MLP
 FAILURE_MODES = ("raise", "exit", "hang")
 
 
-def _device() -> torch.device:
+def local_device() -> torch.device:
+    """This rank's device: its GPU (LOCAL_RANK) under nccl, the CPU under gloo."""
     return rank_device(dist.get_backend(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
 
 
-def _device_ids(device: torch.device) -> list[int] | None:
+def ddp_device_ids(device: torch.device) -> list[int] | None:
+    """DistributedDataParallel's device_ids for a module on `device`."""
     return [device.index] if device.type == "cuda" else None  # DDP wants its GPU named, and no ids on the CPU
 
 
@@ -45,7 +47,7 @@ def _device_ids(device: torch.device) -> list[int] | None:
 
 def describe_rank(rank: int, world_size: int) -> dict:
     """This rank's view of the group, and the sum of all rank numbers computed with one all_reduce."""
-    total = torch.tensor([float(rank)], device=_device())
+    total = torch.tensor([float(rank)], device=local_device())
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return {
         "rank": dist.get_rank(),
@@ -53,7 +55,7 @@ def describe_rank(rank: int, world_size: int) -> dict:
         "backend": dist.get_backend(),
         "pid": os.getpid(),
         "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
-        "device": str(_device()),
+        "device": str(local_device()),
         "torch_threads": torch.get_num_threads(),
         "sum_of_ranks": float(total.item()),
     }
@@ -74,7 +76,7 @@ def contribution_of(seed: int, rank: int) -> torch.Tensor:
 
 def send_recv_worker(rank: int, world_size: int, seed: int) -> dict:
     """Point-to-point: rank 0 sends each other rank its own tensor with dist.send; they dist.recv it."""
-    device = _device()
+    device = local_device()
     if rank == 0:
         for destination in range(1, world_size):
             dist.send(payload_for(seed, destination).to(device), dst=destination)
@@ -87,7 +89,7 @@ def send_recv_worker(rank: int, world_size: int, seed: int) -> dict:
 def all_reduce_worker(rank: int, world_size: int, seed: int) -> dict:
     """Collective: every rank adds its tensor into one sum that every rank then holds."""
     mine = contribution_of(seed, rank)
-    reduced = mine.clone().to(_device())
+    reduced = mine.clone().to(local_device())
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM)  # in place, on every rank
     metric = all_reduce_metrics({"value": float(mine.sum())}, average=True)
     return {"rank": rank, "contribution": mine, "reduced": reduced, "mean_of_sums": metric["value"]}
@@ -107,7 +109,7 @@ def buffers_worker(rank: int, world_size: int, seed: int) -> dict:
     Every rank starts with running_mean = rank, so the wrap's broadcast shows; then two forwards on its own
     batch (BatchNorm updates the statistics from it) with forward_sync_buffers True (the default) and False.
     """
-    device = _device()
+    device = local_device()
     result: dict = {"rank": rank}
     for sync in (True, False):
         torch.manual_seed(seed)
@@ -118,7 +120,7 @@ def buffers_worker(rank: int, world_size: int, seed: int) -> dict:
         running_mean.fill_(float(rank))  # rank-local statistics, before the wrap
         seen: list[torch.Tensor] = []  # the running mean each forward starts from (after DDP's broadcast)
         norm.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(module.running_mean.clone()))
-        ddp = DistributedDataParallel(model, device_ids=_device_ids(device), forward_sync_buffers=sync)
+        ddp = DistributedDataParallel(model, device_ids=ddp_device_ids(device), forward_sync_buffers=sync)
         at_wrap = running_mean.clone()
         batches = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(seed + 1 + rank))  # rank's own
         for batch in batches:
@@ -178,7 +180,7 @@ def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> 
     The global batch is gradient_batch(seed, 2 * world_size * batch_size). Micro-batch 0 of rank r is
     rows [r*B, (r+1)*B); micro-batch 1 is the same slice of the second half.
     """
-    device = _device()
+    device = local_device()
     inputs, targets = gradient_batch(seed, 2 * world_size * batch_size)
     inputs, targets = inputs.to(device), targets.to(device)
     half = world_size * batch_size
@@ -192,10 +194,10 @@ def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> 
     local = flat_gradient(by_hand)  # this rank's own gradient, before any communication
     average_gradients(by_hand)
 
-    ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=_device_ids(device))
+    ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=ddp_device_ids(device))
     loss_fn(ddp(inputs[mine]), targets[mine]).backward()  # DDP averages during backward
 
-    accumulating = DistributedDataParallel(copy.deepcopy(model), device_ids=_device_ids(device))
+    accumulating = DistributedDataParallel(copy.deepcopy(model), device_ids=ddp_device_ids(device))
     with accumulating.no_sync():  # micro-batch 1 of 2: gradients stay local
         (loss_fn(accumulating(inputs[mine]), targets[mine]) / 2).backward()
     under_no_sync = flat_gradient(accumulating.module)
@@ -318,7 +320,9 @@ def train_ddp(
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)  # this rank's shard only
     model = build_model(config).to(device)  # same seed on every rank (and DDP broadcasts rank 0's weights)
     # DDP: a whole copy per rank; FSDP: each rank keeps its shards
-    model = DistributedDataParallel(model, device_ids=_device_ids(device)) if strategy == "ddp" else shard_model(model)
+    model = (
+        DistributedDataParallel(model, device_ids=ddp_device_ids(device)) if strategy == "ddp" else shard_model(model)
+    )
     optimizer = build_optimizer(model, config)  # under FSDP built on the shards: its state is sharded too
     loss_fn = nn.CrossEntropyLoss()
     print_rank0(

@@ -12,7 +12,6 @@ that `load_worker` and `load_checkpoint_here` read back into any number of proce
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -34,22 +33,19 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.checks import check_int, check_positive_number
-from helpers.distributed import rank_device
 from helpers.memory import saved_tensors_meter
 from helpers.models import MLP
 from helpers.workers.ddp import (
     TrainConfig,
     build_model,
     build_optimizer,
+    ddp_device_ids,
     gradient_batch,
+    local_device,
 )
 
 # The collectives FSDP2 and DDP issue, as the dispatcher names them, and what the lesson calls them.
 COLLECTIVES = {"_allgather_base_": "all-gather", "_reduce_scatter_base_": "reduce-scatter", "allreduce_": "all-reduce"}
-
-
-def _device() -> torch.device:
-    return rank_device(dist.get_backend(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
 
 
 def mlp(seed: int, hidden: Sequence[int]) -> nn.Module:
@@ -167,12 +163,10 @@ def parity_worker(
     rank: int, world_size: int, seed: int, hidden: Sequence[int], steps: int, batch_per_rank: int, lr: float
 ) -> dict:
     """DDP and FSDP from the same weights, the same steps on the same batches: shards, bytes, collectives, weights."""
-    device = _device()
+    device = local_device()
     batches = step_batches(seed, steps, world_size * batch_per_rank)
     ddp_calls: list = []
-    ddp = DistributedDataParallel(
-        mlp(seed, hidden).to(device), device_ids=[device.index] if device.type == "cuda" else None
-    )
+    ddp = DistributedDataParallel(mlp(seed, hidden).to(device), device_ids=ddp_device_ids(device))
     ddp.register_comm_hook(ddp_calls, counting_allreduce_hook)
     ddp_optimizer = adamw(ddp, lr)
     train_steps(ddp, ddp_optimizer, batches[:1], rank, world_size)
@@ -203,7 +197,7 @@ def parity_worker(
 
 def mixed_precision_worker(rank: int, world_size: int, seed: int, hidden: Sequence[int], batch_per_rank: int) -> dict:
     """One step under MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the dtypes, the bytes gathered."""
-    device = _device()
+    device = local_device()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model = shard_model(mlp(seed, hidden).to(device), mp_policy=policy)
     optimizer = adamw(model, 1e-3)
@@ -223,7 +217,7 @@ def mixed_precision_worker(rank: int, world_size: int, seed: int, hidden: Sequen
 
 def memory_worker(rank: int, world_size: int, shapes: Sequence[tuple[Sequence[int], int]]) -> list[dict]:
     """Per rank, for each (hidden widths, batch per rank): model state held under DDP and FSDP, and activations."""
-    device = _device()
+    device = local_device()
     rows = []
     for hidden, batch in shapes:
         inputs, targets = torch.randn(batch, 64, device=device), torch.randint(0, 10, (batch,), device=device)
@@ -281,7 +275,7 @@ def trained_fsdp(
     seed: int, hidden: Sequence[int], steps: int, batch_per_rank: int, lr: float, rank: int, world_size: int
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A sharded MLP and its AdamW after `steps` steps (the batches of parity_worker)."""
-    model = shard_model(mlp(seed, hidden).to(_device()))
+    model = shard_model(mlp(seed, hidden).to(local_device()))
     optimizer = adamw(model, lr)
     train_steps(model, optimizer, step_batches(seed, steps, world_size * batch_per_rank), rank, world_size)
     return model, optimizer
@@ -335,7 +329,7 @@ def _to_cpu(value: Any) -> Any:
 
 def load_worker(rank: int, world_size: int, seed: int, hidden: Sequence[int], lr: float, path: str) -> dict:
     """A fresh sharded model (other weights, no optimizer state) loads the folder; returns its state whole."""
-    model = shard_model(mlp(seed + 1, hidden).to(_device()))
+    model = shard_model(mlp(seed + 1, hidden).to(local_device()))
     optimizer = adamw(model, lr)
     before = full_weights(model)
     load_sharded(model, optimizer, path)
