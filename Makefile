@@ -1,17 +1,29 @@
 # Two commands do all the set-up:  `make lab`  and  `make test`.
-# Both create .venv if it is missing and re-install only when pyproject.toml changed.
+# Each creates the virtual environments it needs and re-installs only when pyproject.toml or a constraints file changed.
+#   .venv        the newest releases the package index serves (constraints/newest.txt holds none): JupyterLab runs here
+#   .venv-floor  the oldest torch pyproject.toml allows (constraints/floor.txt): `make test` runs the suite here too
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+FLOOR_VENV  ?= .venv-floor
+FLOOR_PY    := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: lab test test-fast lint bench bench-quick install clean-venv
+.PHONY: lab test test-newest test-floor test-fast lint bench bench-quick install clean-venv
 
-$(STAMP): pyproject.toml
+# PIP_CONSTRAINT names our constraints file instead of any machine-wide one, which could hold torch back.
+$(STAMP): pyproject.toml constraints/newest.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade --quiet pip
-	$(PY) -m pip install --quiet -e ".[test,dev]"
+	PIP_CONSTRAINT=constraints/newest.txt $(PY) -m pip install --upgrade --quiet pip
+	PIP_CONSTRAINT=constraints/newest.txt $(PY) -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test,dev]"
 	touch $(STAMP)
+
+$(FLOOR_STAMP): pyproject.toml constraints/floor.txt
+	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	PIP_CONSTRAINT=constraints/floor.txt $(FLOOR_PY) -m pip install --upgrade --quiet pip
+	PIP_CONSTRAINT=constraints/floor.txt $(FLOOR_PY) -m pip install --quiet -e ".[test]"
+	touch $(FLOOR_STAMP)
 
 # The environment as a named Jupyter kernel, "torch-course (.venv)", which the notebooks ask for by name.
 # It is registered inside .venv (--sys-prefix), so it always points at this environment's Python.
@@ -34,15 +46,23 @@ lint: $(STAMP) $(KERNEL)
 	$(PY) -m ruff format --check helpers tests conftest.py
 	$(PY) -m mypy
 
-test: lint
+# The whole suite (unit tests, every notebook, the browser test) on the newest torch, then unit tests and notebooks
+# on the oldest torch pyproject.toml allows. Each half alone: `make test-newest`, `make test-floor`.
+test: lint test-newest test-floor
+
+test-newest: $(STAMP) $(KERNEL)
 	@bash scripts/ensure-chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The browser test drives JupyterLab, which runs in .venv; every other test runs here on the floor torch.
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_PY) -m pytest -m "not browser" $(PYTEST_ARGS)
 
 # The quick check while editing (under a minute on 2 cores): no notebooks, processes, benchmark or browser.
 test-fast: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
-# The performance table: `make bench` (under 10 minutes on 2 cores), `make bench-quick` (under one).
+# The performance table: `make bench` (under 10 minutes on 2 cores), `make bench-quick` (under one and a half).
 bench: $(STAMP)
 	$(PY) -m helpers.cli.bench $(BENCH_ARGS)
 
@@ -50,4 +70,4 @@ bench-quick: $(STAMP)
 	$(PY) -m helpers.cli.bench --quick $(BENCH_ARGS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(FLOOR_VENV)

@@ -18,12 +18,56 @@ MAX_CELL_TEXT = 3000
 MAX_TICK_LINE = 120
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n N`), each of the N worker processes gets its share of the cores: torch's default, a
+    thread per core in every worker, oversubscribes a many-core machine N times over, and so would torch.compile's
+    pool of a compiling process per core in every worker."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+def _fsdp2_here() -> tuple[bool, str]:
+    from helpers.compat import fsdp2_runs_on
+    from helpers.distributed import default_backend, rank_device
+
+    return fsdp2_runs_on(rank_device(default_backend(2), 0).type)
+
+
+# What a notebook may declare in its metadata ("course": {"needs": [...]}) that this torch or machine may lack:
+# each name maps to a check giving (available, why). The notebook itself stops with the same reason.
+NOTEBOOK_NEEDS = {"fsdp2": _fsdp2_here}
+
+
+def notebook_skip_reason(path) -> str | None:
+    """Why the notebook at `path` cannot run with this torch on this machine (its declared needs), or None."""
+    import nbformat
+
+    needs = nbformat.read(path, as_version=4).metadata.get("course", {}).get("needs", [])
+    for need in needs:
+        available, why = NOTEBOOK_NEEDS[need]()
+        if not available:
+            return why
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be on the item by then
 def pytest_collection_modifyitems(items):
-    """Every executed notebook cell (nbval items from .ipynb files) is a slow test."""
+    """Every executed notebook cell (nbval items from .ipynb files) is a slow test; a notebook whose declared needs
+    this torch or machine lacks is skipped, with the reason in the report."""
+    reasons: dict = {}
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
+            if item.path not in reasons:
+                reasons[item.path] = notebook_skip_reason(item.path)
+            if reasons[item.path]:
+                item.add_marker(pytest.mark.skip(reason=reasons[item.path]))
 
 
 def cell_texts(outputs) -> list[str]:

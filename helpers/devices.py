@@ -36,9 +36,12 @@ def available_devices() -> list[str]:
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
-    """Return the best device (cuda > mps > cpu), or the one named by `prefer`."""
+    """Return the best device (cuda > mps > cpu), or the one named by `prefer`.
+
+    A CUDA device always comes with its index (`cuda:0`, or the current device for a bare 'cuda'): several CUDA
+    calls (`torch.cuda.get_per_process_memory_fraction`, DDP's `device_ids`) refuse an index-less device."""
     if prefer is None:
-        return torch.device(available_devices()[0])
+        return _indexed(torch.device(available_devices()[0]))
     if not isinstance(prefer, str):
         raise TypeError(f"prefer must be a str such as 'cpu' or 'cuda:0' or None, got {type(prefer).__name__}")
     try:
@@ -53,6 +56,13 @@ def pick_device(prefer: str | None = None) -> torch.device:
         raise ValueError(
             f"prefer={prefer!r} names GPU {device.index}, but only {torch.cuda.device_count()} are visible"
         )
+    return _indexed(device)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """`device` with its index: CUDA's current device for a bare 'cuda'; other kinds as they are."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
     return device
 
 

@@ -80,11 +80,22 @@ def test_sections_pass_quick_to_the_sizes_and_include_compile_and_adamw(monkeypa
     monkeypatch.setattr(
         bench, "lesson_sizes", lambda lesson, device, quick: asked.append(quick) or {"width": 8, "depth": 2}
     )
-    for quick in (True, False):
-        titles = [title for title, _ in bench._sections(torch.device("cuda"), quick)]
-        assert [title.split(".")[0] for title in titles] == ["1", "2", "3", "4", "5", "6", "7"]
-        assert "torch.compile" in titles[5] and "AdamW" in titles[6]
+    quick, full = ([title for title, _ in bench._sections(torch.device("cuda"), q)] for q in (True, False))
+    assert [title.split(".")[0] for title in full] == ["1", "2", "3", "4", "5", "6", "7"]
+    assert "torch.compile" in full[5] and "AdamW" in full[6]
+    assert quick == full[:5] + full[6:]  # the cold compile is left out of --quick
     assert asked == [True, True, False, False]
+
+
+def test_quick_names_the_cold_compile_of_the_last_full_run_or_how_to_measure_it():
+    def run(quick: bool, rows: list) -> dict:
+        return {"quick": quick, "sections": {"6. torch.compile": rows}}
+
+    row = {"device": "cpu", "measured": "SmallCNN 28x28, batch 64; first call: eager 0.12 s, compiled 31.47 s"}
+    cuda = {"device": "cuda", "measured": "SmallCNN 28x28, batch 512; first call: eager 1.00 s, compiled 12.00 s"}
+    assert bench.cold_compile_note(run(False, [row, row, cuda])).endswith("first call in 31.5 s on cpu, 12.0 s on cuda")
+    for previous in (None, run(True, [row]), run(False, []), {"quick": False, "sections": {}}):
+        assert "`make bench` measures it" in bench.cold_compile_note(previous)
 
 
 COLUMNS = ["variant", "ms/step", "middle half (ms)", "time ratio", "ratio middle half"]  # the rig's, on CPU

@@ -37,6 +37,21 @@ def test_pick_device_rejects_unavailable_devices():
             pick_device("cuda")
 
 
+@pytest.mark.parametrize("prefer", [None, "cuda", "cuda:1"])
+def test_pick_device_gives_cuda_with_an_index_that_cuda_only_calls_accept(monkeypatch, prefer):
+    """get_per_process_memory_fraction and its kin refuse torch.device('cuda'): pick_device never returns it."""
+    from torch.cuda._utils import _get_device_index
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    device = pick_device(prefer)
+    assert device == torch.device("cuda", 1)
+    assert _get_device_index(device) == 1
+    with pytest.raises(ValueError, match="index"):  # what notebook 05 met on a GPU with the bare device
+        _get_device_index(torch.device("cuda"))
+
+
 def test_pick_device_rejects_non_strings():
     with pytest.raises(TypeError, match="prefer"):
         pick_device(0)

@@ -11,11 +11,16 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
+from helpers import compat
 from helpers.distributed import world_of_one
 from helpers.memory import model_state_bytes
 from helpers.processes import launch
 from helpers.workers import fsdp as workers
 from helpers.workers.ddp import gradient_batch
+
+# FSDP2 on CPU ranks needs torch 2.7 (helpers.compat); on the floor torch these run where a GPU per rank exists
+SHARDS_ON_CPU, NO_SHARDING_WHY = compat.fsdp2_runs_on("cpu")
+needs_fsdp2_on_cpu = pytest.mark.skipif(not SHARDS_ON_CPU, reason=NO_SHARDING_WHY)
 
 
 def test_mlp_is_seeded_and_has_the_lessons_size():
@@ -24,6 +29,7 @@ def test_mlp_is_seeded_and_has_the_lessons_size():
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), workers.mlp(7, (128,)).parameters()))
 
 
+@needs_fsdp2_on_cpu
 def test_shard_model_wraps_every_linear_and_the_root_with_dtensor_parameters():
     with world_of_one(timeout_s=30):
         model = workers.shard_model(workers.mlp(0, (16, 8)))
@@ -50,8 +56,8 @@ def test_held_bytes_of_a_plain_model_match_model_state_bytes():
 def test_collective_counter_notes_kind_and_full_buffer_bytes():
     with world_of_one(timeout_s=30), workers.CollectiveCounter() as counter:
         shard, whole = torch.ones(6), torch.empty(6)
-        dist.all_gather_single(whole, shard)  # what FSDP2 calls for a block
-        dist.reduce_scatter_single(torch.empty(6), torch.ones(6))
+        dist.all_gather_into_tensor(whole, shard)  # what FSDP2 calls for a block
+        dist.reduce_scatter_tensor(torch.empty(6), torch.ones(6))
         dist.all_reduce(torch.ones(3))
         _ = torch.ones(3) + 1  # ordinary ops are not counted
     assert counter.calls == [("all-gather", 24), ("reduce-scatter", 24), ("all-reduce", 12)]
@@ -99,6 +105,7 @@ def test_train_steps_of_all_ranks_average_to_one_process_gradient():
 
 
 @pytest.mark.slow
+@needs_fsdp2_on_cpu
 def test_three_ranks_shard_rows_like_torch_chunk_and_end_where_ddp_and_one_process_end(tmp_path):
     world, seed, hidden, steps, batch, lr = 3, 5, (128,), 3, 8, 1e-2
     shapes = [((128,), 8), ((256, 256), 4), ((128,), 1024)]
@@ -151,3 +158,9 @@ def test_three_ranks_shard_rows_like_torch_chunk_and_end_where_ddp_and_one_proce
         "__1_0.distcp",
         "__2_0.distcp",
     ]
+
+
+@pytest.mark.skipif(SHARDS_ON_CPU, reason="this torch shards on the CPU: the refusal is for torch < 2.7")
+def test_shard_model_refuses_cpu_tensors_on_a_torch_that_cannot_shard_them_naming_the_release():
+    with pytest.raises(RuntimeError, match=r"needs torch 2\.7 or newer; this is torch "):
+        workers.shard_model(workers.mlp(0, (16,)))

@@ -181,3 +181,46 @@ def test_notebook_fits_the_reading_budget(path):
     load = reading_load(path)
     over = {key: f"{load[key]:g} > {limit}" for key, limit in BUDGET.items() if load[key] > limit}
     assert not over, f"{path.name} is over the reading budget: {over}. Move plumbing into helpers, or split the lesson"
+
+
+def test_a_notebook_whose_needs_this_torch_lacks_is_skipped_with_the_reason(monkeypatch):
+    """07 declares it needs FSDP2 on its ranks: on torch 2.6 without a GPU per rank the run skips it, saying why."""
+    import conftest
+
+    sharded = ROOT / "notebooks" / "07_sharded_data_parallel.ipynb"
+    assert "fsdp2" in nbformat.read(sharded, as_version=4).metadata["course"]["needs"]
+    monkeypatch.setitem(conftest.NOTEBOOK_NEEDS, "fsdp2", lambda: (False, "FSDP2 on CPU ranks needs torch 2.7"))
+    assert conftest.notebook_skip_reason(sharded) == "FSDP2 on CPU ranks needs torch 2.7"
+    monkeypatch.setitem(conftest.NOTEBOOK_NEEDS, "fsdp2", lambda: (True, "shards here"))
+    assert conftest.notebook_skip_reason(sharded) is None
+    assert conftest.notebook_skip_reason(ROOT / "notebooks" / "00_setup_and_devices.ipynb") is None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_declares_only_needs_the_test_run_knows(path):
+    import conftest
+
+    needs = nbformat.read(path, as_version=4).metadata.get("course", {}).get("needs", [])
+    assert set(needs) <= set(conftest.NOTEBOOK_NEEDS), (
+        f"{path.name}: unknown needs {set(needs) - set(conftest.NOTEBOOK_NEEDS)}"
+    )
+
+
+def test_each_xdist_worker_gets_its_share_of_the_cores(monkeypatch):
+    """`pytest -n 8` on a 16-core GPU machine: 2 torch threads per worker, not 16, and no compile pool per worker."""
+    import torch
+
+    import conftest
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(conftest.os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "8")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    try:
+        conftest.pytest_configure(None)
+        assert torch.get_num_threads() == 2
+        assert conftest.os.environ["OMP_NUM_THREADS"] == "2"
+        assert conftest.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(before)

@@ -4,7 +4,8 @@ The notebooks' experiments, run by the rig they use (`helpers.rig.measure`), wit
 middle half, the time ratio to the first variant with the middle half of the per-round ratios (all taken in one run,
 in interleaved rounds after warm-up, CUDA synchronized before each reading of the clock), bytes saved for backward,
 and on CUDA each call's own allocator peak (above what was allocated when it began). `--quick` runs fewer rounds,
-and on CUDA a quarter of the lessons' batch. On Linux, glibc is first asked to keep freed memory
+on the best device only (the GPU where there is one), on CUDA a quarter of the lessons' batch, and leaves out the
+torch.compile section, whose cold compile alone takes tens of seconds: it says what the last full run measured. On Linux, glibc is first asked to keep freed memory
 (`devices.keep_freed_memory`): about 10% less jitter in CPU epochs (`--default-malloc` leaves the allocator alone).
 """
 
@@ -17,6 +18,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -276,6 +278,25 @@ def notebook_suite() -> list[dict]:
 
 # ---------------------------------------------------------------- the command
 def _sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[], list[Table]]]]:
+    """The sections to run on `device`; `quick` leaves out section 6, whose cold compile alone takes tens of seconds
+    (main says what it cost in the last full run instead)."""
+    sections = _all_sections(device, quick)
+    return [section for section in sections if not (quick and section[0].startswith("6."))]
+
+
+def cold_compile_note(previous: dict | None) -> str:
+    """What --quick says instead of section 6: the first compiled call of the last full run whose figures are in
+    `previous` (the JSON the bench writes), or how to measure it."""
+    rows = [] if not previous or previous.get("quick") else previous.get("sections", {}).get("6. torch.compile", [])
+    firsts = [(row["device"], re.search(r"compiled (\d+\.\d+) s", row["measured"])) for row in rows]
+    seen = {device: float(found[1]) for device, found in firsts if found}
+    if seen:
+        costs = ", ".join(f"{seconds:.1f} s on {device}" for device, seconds in seen.items())
+        return f"6. torch.compile: left out of --quick; the last full run here compiled its first call in {costs}"
+    return "6. torch.compile: left out of --quick; a cold compile takes tens of seconds: `make bench` measures it"
+
+
+def _all_sections(device: torch.device, quick: bool) -> list[tuple[str, Callable[[], list[Table]]]]:
     repeat, threads, cpu = 12 if quick else 40, sorted({1, os.cpu_count() or 1}), device.type == "cpu"
     stack, mlp = lesson_sizes("checkpointing", device, quick), lesson_sizes("mixed_precision", device, quick)
     loader = {"workers": (0, 2), "batch_sizes": (64,)} if quick else {"workers": (0, 1, 2), "batch_sizes": (32, 128)}
@@ -309,13 +330,25 @@ def summary_lines(tables: dict[str, list[Table]], device: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> dict:
     """Run the suite, print a table per measurement and a summary, write the figures as JSON."""
     parser = argparse.ArgumentParser(prog="python -m helpers.cli.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a reduced run, about a minute on a 2-core CPU")
-    parser.add_argument("--json", default=str(PROJECT / "bench-results.json"), help="where to write the figures")
+    parser.add_argument("--quick", action="store_true", help="a reduced run, about a minute on a 2-core CPU or a GPU")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="where to write the figures (default: bench-results.json, or "
+        "bench-results-quick.json with --quick, so that a quick run keeps the full run's file)",
+    )
     parser.add_argument("--skip-notebooks", action="store_true", help="leave out section 8 (the notebook suite)")
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc as the system sets it")
     args = parser.parse_args(argv)
     malloc = "as the system sets it" if args.default_malloc or not keep_freed_memory() else "keeps freed memory"
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    devices = [torch.device("cpu")] + (
+        [torch.device("cuda", torch.cuda.current_device())] if torch.cuda.is_available() else []
+    )
+    if args.quick:
+        devices = devices[-1:]  # the device one would train on: the GPU where there is one
+    full_run = PROJECT / "bench-results.json"
+    args.json = args.json or str(full_run.with_name("bench-results-quick.json") if args.quick else full_run)
+    previous = json.loads(full_run.read_text()) if args.quick and full_run.is_file() else None
     results: dict = {"quick": args.quick, "machines": {}, "sections": {}}
     tables: dict[str, list[Table]] = {}
     plan = [(device, *section) for device in devices for section in _sections(device, args.quick)]
@@ -330,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 results["sections"].setdefault(title, []).extend(rows)
             bar.write(machine_line(info))
             bar.update(1)
+    if args.quick:
+        print(f"\n{cold_compile_note(previous)}")
     if args.quick or args.skip_notebooks:
         print("\n8. Notebook suite: skipped (run without --quick, or see `make test`'s durations)")
     else:

@@ -40,7 +40,14 @@ from collections.abc import Sequence
 
 import torch
 
-from helpers.distributed import default_backend, find_free_port, setup_process_group, teardown_process_group
+from helpers.compat import fsdp2_runs_on
+from helpers.distributed import (
+    default_backend,
+    find_free_port,
+    rank_device,
+    setup_process_group,
+    teardown_process_group,
+)
 from helpers.workers.ddp import STRATEGIES, TrainConfig, train_ddp
 
 
@@ -54,6 +61,9 @@ def train(config: TrainConfig, strategy: str = "ddp") -> list[dict]:
         rank, world_size, init_method = 0, 1, f"tcp://127.0.0.1:{find_free_port()}"
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend = config.backend or default_backend(local_world)
+    runs, why = fsdp2_runs_on(rank_device(backend, 0).type)
+    if strategy == "fsdp" and not runs:  # before any process joins: a clear error, not one deep inside FSDP2
+        raise ValueError(f"strategy='fsdp' on {backend} ranks: {why}")
     threads_before = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the cores
     device = setup_process_group(rank, world_size, backend=backend, init_method=init_method, timeout_s=config.timeout_s)

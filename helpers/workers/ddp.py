@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, random_spli
 
 from helpers.checkpoint import save_checkpoint, unwrap_model
 from helpers.checks import check_int, check_positive_number
+from helpers.compat import ddp_buffer_sync
 from helpers.data import DigitsDataset
 from helpers.distributed import GlobalBatchSampler, all_reduce_metrics, print_rank0, rank_device
 from helpers.loop import evaluate, train_epoch
@@ -107,7 +108,8 @@ def buffers_worker(rank: int, world_size: int, seed: int) -> dict:
     """BatchNorm's running mean under DDP: set per rank before the wrap, then as each forward finds it, per setting.
 
     Every rank starts with running_mean = rank, so the wrap's broadcast shows; then two forwards on its own
-    batch (BatchNorm updates the statistics from it) with forward_sync_buffers True (the default) and False.
+    batch (BatchNorm updates the statistics from it) with the per-forward sync on (the default) and off:
+    `forward_sync_buffers` from torch 2.13, `broadcast_buffers` before (helpers.compat.ddp_buffer_sync).
     """
     device = local_device()
     result: dict = {"rank": rank}
@@ -120,7 +122,7 @@ def buffers_worker(rank: int, world_size: int, seed: int) -> dict:
         running_mean.fill_(float(rank))  # rank-local statistics, before the wrap
         seen: list[torch.Tensor] = []  # the running mean each forward starts from (after DDP's broadcast)
         norm.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(module.running_mean.clone()))
-        ddp = DistributedDataParallel(model, device_ids=ddp_device_ids(device), forward_sync_buffers=sync)
+        ddp = DistributedDataParallel(model, device_ids=ddp_device_ids(device), **ddp_buffer_sync(sync))
         at_wrap = running_mean.clone()
         batches = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(seed + 1 + rank))  # rank's own
         for batch in batches:

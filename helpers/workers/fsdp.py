@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.checks import check_int, check_positive_number
+from helpers.compat import fsdp2_runs_on
 from helpers.memory import saved_tensors_meter
 from helpers.models import MLP
 from helpers.workers.ddp import (
@@ -55,7 +56,13 @@ def mlp(seed: int, hidden: Sequence[int]) -> nn.Module:
 
 
 def shard_model(model: nn.Module, *, mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
-    """fully_shard every Linear (a block: one all-gather and one reduce-scatter of its own), then the root."""
+    """fully_shard every Linear (a block: one all-gather and one reduce-scatter of its own), then the root.
+
+    Refuses, with the torch release it needs, a model on a device this torch's FSDP2 cannot shard (helpers.compat)."""
+    device = next(model.parameters()).device
+    runs, why = fsdp2_runs_on(device.type)
+    if not runs:
+        raise RuntimeError(why)
     options: dict[str, Any] = {} if mp_policy is None else {"mp_policy": mp_policy}
     for block in [module for module in model.modules() if isinstance(module, nn.Linear)]:
         fully_shard(block, **options)
