@@ -42,6 +42,19 @@ def test_shard_model_wraps_every_linear_and_the_root_with_dtensor_parameters():
         assert torch.equal(workers.local(torch.ones(2)), torch.ones(2))  # a plain tensor is its own "shard"
 
 
+@needs_fsdp2_on_cpu
+def test_shard_model_keeps_cpu_ranks_shards_on_the_cpu_even_where_an_accelerator_is_the_default(monkeypatch):
+    """On a one-GPU machine FSDP2's default mesh is CUDA's, which gloo ranks cannot gather: every call gets a mesh
+    of the model's own device (the cause of notebook 07's failure on an H100 with 2 ranks on gloo)."""
+    calls = []
+    real = workers.fully_shard
+    monkeypatch.setattr(workers, "fully_shard", lambda module, **kwargs: calls.append(kwargs) or real(module, **kwargs))
+    with world_of_one(timeout_s=30):
+        model = workers.shard_model(workers.mlp(0, (16,)))
+        assert all(call["mesh"].device_type == "cpu" for call in calls) and len(calls) == 3
+        assert all(workers.local(p).device.type == "cpu" for p in model.parameters())
+
+
 def test_held_bytes_of_a_plain_model_match_model_state_bytes():
     model = workers.mlp(0, (32,))
     optimizer = workers.adamw(model, 1e-3)

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -63,7 +64,10 @@ def shard_model(model: nn.Module, *, mp_policy: MixedPrecisionPolicy | None = No
     runs, why = fsdp2_runs_on(device.type)
     if not runs:
         raise RuntimeError(why)
-    options: dict[str, Any] = {} if mp_policy is None else {"mp_policy": mp_policy}
+    # The ranks' mesh on the model's own device: FSDP2's default is the accelerator's, so on a machine with one GPU
+    # it would move the shards of CPU ranks (gloo) to CUDA, where gloo cannot gather them.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    options: dict[str, Any] = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     for block in [module for module in model.modules() if isinstance(module, nn.Linear)]:
         fully_shard(block, **options)
     fully_shard(model, **options)  # the root: whatever is left, and the hooks that start the first all-gather
