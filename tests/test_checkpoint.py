@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import REFERENCE_RUN as RUN
 from helpers import checkpoint as ckpt
 from helpers.checkpoint import (
     CheckpointError,
@@ -34,7 +35,6 @@ from helpers.cli.resume import train
 from helpers.models import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = {"steps": 120, "save_every": 10, "seed": 3}  # 36 steps per epoch (1145 samples after validation split)
 CLI = [sys.executable, "-m", "helpers.cli.resume"]
 
 
@@ -55,26 +55,6 @@ def _one_step(model, optimizer, scheduler):
     scheduler.step()
 
 
-def _states_equal(a: dict, b: dict) -> bool:
-    """Same keys and bit-identical values; tensors are compared on the CPU, wherever each one lives."""
-
-    def same(x, y):
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x.cpu(), y.cpu())
-        return x == y
-
-    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-
-
-def test_states_equal_compares_across_devices_and_sees_a_difference():
-    a = {"w": torch.ones(3), "step": torch.tensor(2.0)}
-    assert _states_equal(a, {"w": torch.ones(3), "step": torch.tensor(2.0)})
-    assert not _states_equal(a, {"w": torch.tensor([1.0, 1.0, 1.0 + 1e-7]), "step": torch.tensor(2.0)})
-    assert not _states_equal(a, {"w": torch.ones(3)})
-    if torch.cuda.is_available():
-        assert _states_equal({k: v.cuda() for k, v in a.items()}, a)
-
-
 def test_public_states_equal_compares_nested_optimizer_states_bit_for_bit():
     model, optimizer, scheduler, _ = _training_objects()
     _one_step(model, optimizer, scheduler)
@@ -85,12 +65,15 @@ def test_public_states_equal_compares_nested_optimizer_states_bit_for_bit():
     assert not ckpt.states_equal(state, copied)
     assert not ckpt.states_equal({"w": torch.ones(2)}, {"w": [1.0, 1.0]})  # a tensor equals only a tensor
     assert not ckpt.states_equal([1, 2], [1, 2, 3]) and not ckpt.states_equal({"a": 1}, {"b": 1})
+    assert not ckpt.states_equal({"w": torch.ones(3)}, {"w": torch.tensor([1.0, 1.0, 1.0 + 1e-7])})
+    if torch.cuda.is_available():  # a GPU checkpoint's tensors against the CPU's
+        assert ckpt.states_equal({"w": torch.ones(3).cuda()}, {"w": torch.ones(3)})
 
 
 def _optimizer_states_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa["param_groups"] == sb["param_groups"] and all(
-        _states_equal(sa["state"][i], sb["state"][i]) for i in sa["state"]
+        ckpt.states_equal(sa["state"][i], sb["state"][i]) for i in sa["state"]
     )
 
 
@@ -161,7 +144,7 @@ def test_round_trip_restores_every_part_and_every_random_stream(tmp_path):
 
     assert (state["epoch"], state["step"], state["metric"]) == (2, 3, 0.25)
     assert state["extra"] == {"note": "hi", "values": [1, 2.5]}
-    assert _states_equal(fresh_model.state_dict(), expected_model)
+    assert ckpt.states_equal(fresh_model.state_dict(), expected_model)
     assert _optimizer_states_equal(fresh_optimizer, optimizer)
     assert fresh_scheduler.state_dict() == scheduler.state_dict()
     assert fresh_scaler.state_dict() == scaler.state_dict()
@@ -190,7 +173,7 @@ def test_saved_keys_have_no_wrapper_prefix_and_prefixed_files_still_load(tmp_pat
     torch.save(payload, tmp_path / "prefixed.pt")
     other = MLP(64, (8,), 10)
     load_checkpoint(tmp_path / "prefixed.pt", other)
-    assert _states_equal(other.state_dict(), model.state_dict())
+    assert ckpt.states_equal(other.state_dict(), model.state_dict())
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
@@ -279,7 +262,7 @@ def test_a_file_labelled_as_saved_on_a_gpu_needs_map_location_without_one(tmp_pa
             load_checkpoint(path, MLP(64, (8,), 10), map_location=None)
     other = MLP(64, (8,), 10)
     load_checkpoint(path, other)  # map_location="cpu" by default
-    assert _states_equal(other.state_dict(), model.state_dict())
+    assert ckpt.states_equal(other.state_dict(), model.state_dict())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU to save a GPU checkpoint")
@@ -346,7 +329,7 @@ def test_a_checkpoint_of_another_model_lists_keys_and_shapes(tmp_path):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError):
         load_checkpoint(path, model)
-    assert _states_equal(model.state_dict(), before)  # nothing was changed before the error
+    assert ckpt.states_equal(model.state_dict(), before)  # nothing was changed before the error
 
 
 def test_optimizer_or_generator_that_do_not_fit_are_reported(tmp_path):
@@ -359,7 +342,7 @@ def test_optimizer_or_generator_that_do_not_fit_are_reported(tmp_path):
     changed = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError, match=r"run\.pt: its optimizer state does not fit"):
         load_checkpoint(path, model, other)
-    assert _states_equal(model.state_dict(), changed) and not _states_equal(changed, before)
+    assert ckpt.states_equal(model.state_dict(), changed) and not ckpt.states_equal(changed, before)
     with pytest.raises(CheckpointError, match="holds no scheduler state"):
         load_checkpoint(path, model, optimizer, scheduler)
     with pytest.raises(CheckpointError, match="holds no generator state"):
@@ -534,17 +517,6 @@ def test_train_rejects_bad_arguments(tmp_path):
 # ----------------------------------------------------------------------------- resume: lose nothing
 
 
-@pytest.fixture(scope="module")
-def straight_run(tmp_path_factory):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        result = train(tmp_path_factory.mktemp("straight"), **RUN)
-    finally:
-        torch.set_num_threads(previous)
-    return result
-
-
 def _cli(folder: Path) -> list[str]:
     return [
         "--folder",
@@ -565,10 +537,10 @@ def _assert_same_final_state(folder: Path, straight: dict) -> None:
     assert latest is not None, f"no checkpoint in {folder}"
     final = read_checkpoint(latest)
     assert final["step"] == RUN["steps"]
-    assert _states_equal(final["model"], straight["model"].state_dict()), "weights differ from the straight run"
+    assert ckpt.states_equal(final["model"], straight["model"].state_dict()), "weights differ from the straight run"
     optimizer = straight["optimizer"].state_dict()
     assert final["optimizer"]["state"].keys() == optimizer["state"].keys()
-    assert all(_states_equal(final["optimizer"]["state"][i], optimizer["state"][i]) for i in optimizer["state"])
+    assert all(ckpt.states_equal(final["optimizer"]["state"][i], optimizer["state"][i]) for i in optimizer["state"])
     assert final["scheduler"] == straight["scheduler"].state_dict()
     assert final["scaler"] == straight["scaler"].state_dict()
 
@@ -592,7 +564,7 @@ def test_resume_in_a_fresh_process_is_bit_identical(tmp_path, straight_run, one_
 def test_extra_saves_do_not_change_the_run(tmp_path, straight_run, one_thread):
     """Saving (and evaluating for the best metric) at other steps must not touch the random streams."""
     other = train(tmp_path, **{**RUN, "save_every": 7})
-    assert _states_equal(other["model"].state_dict(), straight_run["model"].state_dict())
+    assert ckpt.states_equal(other["model"].state_dict(), straight_run["model"].state_dict())
 
 
 def test_a_resumed_run_differs_when_a_random_state_is_not_restored(tmp_path, straight_run, one_thread):
@@ -604,7 +576,7 @@ def test_a_resumed_run_differs_when_a_random_state_is_not_restored(tmp_path, str
     torch.save(payload, latest)
     resumed = train(tmp_path, **RUN)
     assert resumed["resumed_from"] == 50
-    assert not _states_equal(resumed["model"].state_dict(), straight_run["model"].state_dict())
+    assert not ckpt.states_equal(resumed["model"].state_dict(), straight_run["model"].state_dict())
 
 
 # ------------------------------------------------------------------------------- SIGKILL at any moment
@@ -737,3 +709,106 @@ def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint_and_resume_reaches_t
     assert finished.returncode == 0, finished.stderr
     assert not any(ckpt._TEMP_MARK in p.name for p in tmp_path.iterdir())
     _assert_same_final_state(tmp_path, straight_run)
+
+
+# ------------------------------------------------------------------------------- resume: the run it was asked for
+
+
+def test_resuming_twice_at_steps_that_are_no_checkpoint_interval_ends_bit_identical(tmp_path, straight_run, one_thread):
+    """Stops at 23 and 47 (not multiples of save_every, one mid-epoch in each epoch): each stop saves its step, and
+    each resume continues from that step's sample, not from the epoch's start."""
+    first = train(tmp_path, stop_after=23, **RUN)
+    assert read_checkpoint(first["manager"].latest())["step"] == 23  # the stop's own save, not step 20's
+    second = train(tmp_path, stop_after=47, **RUN)
+    assert second["resumed_from"] == 23 and read_checkpoint(second["manager"].latest())["step"] == 47
+    assert read_checkpoint(second["manager"].latest())["extra"]["sampler"] == {"epoch": 1, "offset": (47 - 36) * 32}
+    last = train(tmp_path, **RUN)
+    assert last["resumed_from"] == 47 and last["steps_done"] == RUN["steps"]
+    assert ckpt.states_equal(last["model"].state_dict(), straight_run["model"].state_dict())
+    assert ckpt.states_equal(last["optimizer"].state_dict(), straight_run["optimizer"].state_dict())
+
+
+def test_every_step_uses_the_learning_rate_of_the_cosine_schedule(tmp_path, monkeypatch, one_thread):
+    """The scheduler steps after the optimizer: step k (from 0) runs at lr * (1 + cos(pi k / steps)) / 2."""
+    import math
+
+    used = []
+    original = torch.optim.AdamW.step
+    monkeypatch.setattr(
+        torch.optim.AdamW,
+        "step",
+        lambda self, *a, **k: used.append(self.param_groups[0]["lr"]) or original(self, *a, **k),
+    )
+    train(tmp_path, steps=12, save_every=5, seed=1)
+    assert used == pytest.approx([3e-3 * (1 + math.cos(math.pi * k / 12)) / 2 for k in range(12)], rel=1e-12)
+
+
+def test_a_resume_with_other_settings_is_refused_naming_each_setting_and_both_values(tmp_path, one_thread):
+    from helpers.cli.resume import RunSettingsError
+
+    train(tmp_path, steps=20, save_every=10, seed=5, stop_after=10)
+    with pytest.raises(
+        RunSettingsError, match=r"seed: the checkpoint's 5, asked 9; steps: the checkpoint's 20, asked 40"
+    ):
+        train(tmp_path, steps=40, save_every=10, seed=9)
+    with pytest.raises(RunSettingsError, match=r"dropout: the checkpoint's 0.1, asked 0.3"):
+        train(tmp_path, steps=20, save_every=10, seed=5, dropout=0.3)
+    with pytest.raises(RunSettingsError, match="only steps may grow"):
+        train(tmp_path, steps=40, save_every=10, seed=9, on_mismatch="extend")
+    assert read_checkpoint(CheckpointManager(tmp_path).latest())["step"] == 10  # nothing was trained or written
+    same = train(tmp_path, steps=20, save_every=5, seed=5)  # save_every only says where checkpoints land
+    assert same["resumed_from"] == 10 and same["steps_done"] == 20
+
+
+def test_as_saved_continues_with_the_checkpoint_s_settings(tmp_path, one_thread):
+    straight = train(tmp_path / "straight", steps=20, save_every=10, seed=5)
+    train(tmp_path / "run", steps=20, save_every=10, seed=5, stop_after=10)
+    resumed = train(tmp_path / "run", steps=40, save_every=10, seed=9, on_mismatch="as-saved")
+    assert resumed["settings"]["seed"] == 5 and resumed["steps_done"] == 20
+    assert ckpt.states_equal(resumed["model"].state_dict(), straight["model"].state_dict())
+
+
+def test_extend_lengthens_the_run_along_the_longer_cosine(tmp_path, monkeypatch, one_thread):
+    import math
+
+    train(tmp_path, steps=20, save_every=10, seed=5)  # done: its cosine has reached 0
+    used = []
+    original = torch.optim.AdamW.step
+    monkeypatch.setattr(
+        torch.optim.AdamW,
+        "step",
+        lambda self, *a, **k: used.append(self.param_groups[0]["lr"]) or original(self, *a, **k),
+    )
+    longer = train(tmp_path, steps=40, save_every=10, seed=5, on_mismatch="extend")
+    assert longer["resumed_from"] == 20 and longer["steps_done"] == 40 and longer["settings"]["steps"] == 40
+    assert used == pytest.approx([3e-3 * (1 + math.cos(math.pi * k / 40)) / 2 for k in range(20, 40)], rel=1e-9)
+    assert read_checkpoint(CheckpointManager(tmp_path).latest())["extra"]["settings"]["steps"] == 40
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_other_settings_and_says_how_to_go_on(tmp_path):
+    subprocess.run(
+        [*CLI, "--folder", str(tmp_path), "--steps", "20", "--seed", "5"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    done = subprocess.run(
+        [*CLI, "--folder", str(tmp_path), "--steps", "40", "--seed", "9"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "seed: the checkpoint's 5, asked 9; steps: the checkpoint's 20, asked 40" in done.stderr
+    assert "--as-saved" in done.stderr and "--extend" in done.stderr
+    extended = subprocess.run(
+        [*CLI, "--folder", str(tmp_path), "--steps", "40", "--seed", "5", "--extend"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert extended.returncode == 0 and "done: step 40 (resumed from 20)" in extended.stdout

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REFERENCE_RUN as RUN
 from helpers import checkpoint as ckpt
 from helpers.checkpoint import (
     CheckpointError,
@@ -25,7 +26,6 @@ from helpers.data import make_loader
 from helpers.models import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = {"steps": 120, "save_every": 10, "seed": 3}  # as in test_checkpoint: 36 steps per epoch
 CLI = [sys.executable, "-m", "helpers.cli.resume"]
 
 
@@ -126,16 +126,6 @@ def test_an_unreadable_best_file_is_set_aside_when_the_folder_is_opened(tmp_path
     assert (tmp_path / "best.pt.corrupt").exists()
     reopened.save(model, step=2, metric=0.7)  # the next metric makes a new best.pt
     assert read_checkpoint(tmp_path / "best.pt")["step"] == 2
-
-
-@pytest.fixture(scope="module")
-def straight_run(tmp_path_factory):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return train(tmp_path_factory.mktemp("straight"), **RUN)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _assert_same_weights_as(folder: Path, straight: dict) -> None:
