@@ -36,11 +36,11 @@ def available_devices() -> list[str]:
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
-    """Return the best device (cuda > mps > cpu), or the one named by `prefer`.
+    """Return the best device (cuda > mps > cpu) for `prefer` None or 'auto', or the one `prefer` names.
 
     A CUDA device always comes with its index (`cuda:0`, or the current device for a bare 'cuda'): several CUDA
     calls (`torch.cuda.get_per_process_memory_fraction`, DDP's `device_ids`) refuse an index-less device."""
-    if prefer is None:
+    if prefer is None or prefer == "auto":
         return _indexed(torch.device(available_devices()[0]))
     if not isinstance(prefer, str):
         raise TypeError(f"prefer must be a str such as 'cpu' or 'cuda:0' or None, got {type(prefer).__name__}")

@@ -18,6 +18,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .devices import available_devices
+
 KINDS = ("int", "float", "log", "choice", "bool")
 SEED_MAX = 2**32 - 1  # numpy's seeds end there; torch's go further
 
@@ -87,6 +89,11 @@ def log_float(low: float, high: float, *, maximum: float | None = None, descript
 def choice(options: Sequence[Any], description: str = "") -> Knob:
     """A dropdown of options (any values, None included)."""
     return Knob("choice", options=tuple(options), description=description)
+
+
+def device_knob(description: str = "device") -> Knob:
+    """The DEVICE knob: 'auto' (cuda > mps > cpu, helpers.devices.pick_device) or a device kind available here."""
+    return choice(["auto", *available_devices()], description=description)
 
 
 def checkbox(description: str = "") -> Knob:

@@ -275,3 +275,7 @@ def test_cuda_versions_reads_the_driver_field_from_nvidia_smi(monkeypatch):
     assert versions.driver is None
     versions, queries = _fake_environment(monkeypatch, [], smi_output=None)  # no nvidia-smi at all
     assert versions.driver is None and queries == []
+
+
+def test_pick_device_auto_is_the_best_available():
+    assert pick_device("auto") == pick_device() == pick_device(None)

@@ -127,3 +127,14 @@ def test_run_with_a_bad_widget_value_applies_nothing():
     with pytest.raises(ValueError, match="EPOCHS"):
         panel.click()
     assert namespace == GOOD and "Not applied" in panel.status.value
+
+
+def test_device_knob_offers_auto_and_the_devices_here_and_refuses_others():
+    from helpers.devices import available_devices
+    from helpers.knobs import check_value, device_knob
+
+    knob = device_knob()
+    assert knob.kind == "choice" and knob.options == ("auto", *available_devices())
+    assert check_value("DEVICE", knob, "auto") == "auto"
+    with pytest.raises(ValueError, match="DEVICE"):
+        check_value("DEVICE", knob, "tpu")

@@ -224,3 +224,22 @@ def test_each_xdist_worker_gets_its_share_of_the_cores(monkeypatch):
         assert conftest.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
     finally:
         torch.set_num_threads(before)
+
+
+# Lessons whose device is chosen per rank by the process group's backend, not by the notebook.
+DEVICE_BY_RANKS = {"06_multi_gpu.ipynb", "07_sharded_data_parallel.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_lesson_that_picks_a_device_has_a_device_knob_and_uses_it(path):
+    """A learner on a GPU machine can rerun any lesson on the CPU to compare: DEVICE, its knob, pick_device(DEVICE)."""
+    nb = nbformat.read(path, as_version=4)
+    code = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    if path.name in DEVICE_BY_RANKS or not any("pick_device(" in source for source in code):
+        return
+    assert re.search(r'^DEVICE = "auto"', code[0], re.MULTILINE), f'{path.name}: DEVICE = "auto" in the parameters'
+    assert any('"DEVICE": device_knob()' in source for source in code), f"{path.name}: a DEVICE knob"
+    calls = [call for source in code for call in re.findall(r"pick_device\(([^)]*)\)", source)]
+    assert calls and all(call == "DEVICE" for call in calls), (
+        f"{path.name}: pick_device(DEVICE) everywhere, got {calls}"
+    )

@@ -292,3 +292,19 @@ def test_errors_that_are_not_about_the_disk_pass_through_unchanged(tmp_path, mon
 def test_make_loader_refuses_what_is_not_a_dataset_naming_the_parameter(dataset):
     with pytest.raises(TypeError, match=r"^dataset must be a dataset .*got "):
         make_loader(dataset, batch_size=8)
+
+
+@pytest.mark.parametrize(
+    "error", [IndexError("pop from empty list"), TypeError("bad"), UnicodeDecodeError("utf-8", b"\xff", 0, 1, "x")]
+)
+def test_any_error_the_unpickler_raises_on_random_bytes_makes_the_file_unreadable(tmp_path, monkeypatch, error):
+    """Random bytes can make torch.load's weights-only unpickler fail in any way (an IndexError, seen on torch 2.15)."""
+    model = MLP(64, (8,), 10)
+    path = ckpt.save_checkpoint(tmp_path / "step-00000001.pt", model, step=1)
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ckpt.torch, "load", fail)
+    with pytest.raises(ckpt.UnreadableCheckpointError, match="truncated or corrupted"):
+        ckpt.read_checkpoint(path)
