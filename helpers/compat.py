@@ -108,16 +108,15 @@ def fp32_precision() -> dict[str, str]:
 
 def set_fp32_precision(matmul: str | None = None, conv: str | None = None) -> None:
     """Set how CUDA computes float32 matrix products (`matmul`) and cuDNN convolutions (`conv`): 'ieee' or 'tf32'
-    (None: leave it). Uses the fp32_precision settings where torch has them (2.9+), the allow_tf32 flags before."""
+    (None: leave it).
+
+    It sets the `allow_tf32` flags, which every release has: on torch 2.9 and newer they also set the new
+    `fp32_precision` settings, so both views agree. Setting only the new ones after the old ones were used (as
+    `torch.set_float32_matmul_precision` does) leaves a mix in which the old getters raise, and torch.compile reads
+    them."""
     for name, mode in (("matmul", matmul), ("conv", conv)):
         if mode is not None and mode not in FP32_MODES:
             raise ValueError(f"{name} must be one of {FP32_MODES} or None, got {mode!r}")
-    if _has_fp32_precision_api():
-        if matmul is not None:
-            torch.backends.cuda.matmul.fp32_precision = matmul
-        if conv is not None:
-            _cudnn_conv().fp32_precision = conv
-        return
     if matmul is not None:
         torch.backends.cuda.matmul.allow_tf32 = matmul == "tf32"
     if conv is not None:
@@ -159,3 +158,38 @@ def default_timeouts() -> dict[str, timedelta | None]:
         "gloo": constants.default_pg_timeout,
         "mpi": constants.default_pg_timeout,
     }
+
+
+# ---------------------------------------------------------------- torch.compile: Dynamo's settings, inductor's CPU kernels
+
+RECOMPILE_LIMIT = (2, 7)  # torch._dynamo.config.recompile_limit (before: cache_size_limit, kept as an alias)
+CHUNKED_CPU_STATISTICS = (2, 10)  # inductor's C++ kernels sum every mean and variance in chunks (2.8: vector loops)
+
+
+def recompile_limit_name(*, version: str | None = None) -> str:
+    """The name of Dynamo's setting for how often one function may be compiled again before it runs eagerly.
+
+    torch 2.7 renamed `torch._dynamo.config.cache_size_limit` to `recompile_limit` (the old name stays as an
+    alias); torch 2.6 knows only `cache_size_limit`. Read it with `getattr(torch._dynamo.config, name)`.
+    """
+    return "recompile_limit" if at_least(RECOMPILE_LIMIT, version) else "cache_size_limit"
+
+
+def compiled_statistics_accurate(
+    device_type: str, backend: str = "inductor", *, version: str | None = None
+) -> tuple[bool, str]:
+    """Whether torch.compile computes a mean and variance (BatchNorm's, LayerNorm's) on `device_type` about as
+    accurately as eager mode, and why, in one line.
+
+    Before torch 2.10, inductor's CPU (C++) kernels update one running float32 mean and variance over all n values
+    of a channel, so the rounding grows with n: BatchNorm over a batch of 512 28x28 images (n = 401,408) can lose
+    two of float32's seven digits in the gradients (pytorch/pytorch#141541). torch 2.8 sums in chunks of 4096,
+    combined pairwise as eager mode does, in its vectorized loops, 2.10 in all. GPU kernels reduce in a tree;
+    other backends (aot_eager) run eager mode's kernels.
+    """
+    if device_type != "cpu" or backend != "inductor" or at_least(CHUNKED_CPU_STATISTICS, version):
+        return True, f"torch.compile ({backend}) computes means and variances on {device_type} as accurately as eager"
+    return False, (
+        f"torch {version or torch.__version__}'s CPU compiler sums BatchNorm's statistics in one running float32 "
+        f"update over all values (in chunks from torch {release_name(CHUNKED_CPU_STATISTICS)}): its gradients lose digits"
+    )

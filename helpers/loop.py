@@ -120,17 +120,37 @@ def autocast_context(device: torch.device, amp: str | None):
     return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp])
 
 
-def precisions_for(device: torch.device | str) -> list[str]:
+def precisions_for(device: torch.device | str, *, tf32: bool = False) -> list[str]:
     """The precisions worth comparing on `device`: fp32 and bf16, and fp16 on CUDA (where it is fast).
 
     On a CUDA GPU without native bfloat16 (before compute capability 8.0: T4, V100) bf16 is left out, since
-    `torch.cuda.is_bf16_supported()` would count its slow emulation.
+    `torch.cuda.is_bf16_supported()` would count its slow emulation. With `tf32`, 'tf32' (float32 without
+    autocast, its products as TF32: `helpers.rig.precision_steps`) follows 'fp32' where `tf32_available`.
     """
     device = torch.device(device)
+    floats = ["fp32", "tf32"] if tf32 and tf32_available(device)[0] else ["fp32"]
     if device.type != "cuda":
-        return ["fp32", "bf16"]
+        return [*floats, "bf16"]
     native_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
-    return ["fp32", "bf16", "fp16"] if native_bf16 else ["fp32", "fp16"]
+    return [*floats, "bf16", "fp16"] if native_bf16 else [*floats, "fp16"]
+
+
+TF32_CAPABILITY = (8, 0)  # NVIDIA Ampere (A100, RTX 30xx): the first tensor cores that multiply float32 as TF32
+
+
+def tf32_available(device: torch.device | str) -> tuple[bool, str]:
+    """Whether float32 products on `device` can run as TF32 (a CUDA GPU of compute capability 8.0 or newer), and
+    why, in one line. TF32 keeps float32's range with a 10-bit mantissa, about 3 significant digits."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, f"no TF32 on {device.type}: it is a mode of NVIDIA tensor cores (compute capability 8.0+)"
+    if torch.version.hip is not None:
+        return False, "no TF32 measured on ROCm builds: the course checks TF32 on NVIDIA GPUs only"
+    major, minor = torch.cuda.get_device_capability(device)
+    name = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+    if (major, minor) < TF32_CAPABILITY:
+        return False, f"no TF32 on {name}: it needs compute capability 8.0 or newer (Ampere)"
+    return True, f"TF32 on {name}: float32 products on tensor cores, 10-bit mantissas"
 
 
 def make_grad_scaler(device: torch.device, amp: str | None) -> torch.amp.GradScaler | None:

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from . import compat
 from .checks import check_int
-from .loop import PRECISIONS, make_grad_scaler, train_epoch
+from .loop import PRECISIONS, make_grad_scaler, tf32_available, train_epoch
 from .memory import format_bytes, peak_memory, saved_tensors_meter
 from .timing import (
     compare,
@@ -270,27 +271,35 @@ def precision_steps(
     lr: float = 0.01,
     accumulation_steps: int = 1,
 ) -> dict[str, Callable[[], object]]:
-    """One training step of `model` on one batch per precision ('fp32', 'bf16', 'fp16'), ready for `measure`.
+    """One training step of `model` on one batch per precision ('fp32', 'tf32', 'bf16', 'fp16'), ready for `measure`.
 
-    A step is `helpers.loop.train_epoch` over the one batch: forward and loss under autocast (none for fp32),
-    backward, SGD step (through a GradScaler for fp16). With `accumulation_steps` the batch is cut into that
-    many micro-batches (`torch.chunk`: fewer when the batch is smaller), whose gradients make the one step.
-    Each precision trains its own copy of `model`, so `model` itself is left alone.
+    A step is `helpers.loop.train_epoch` over the one batch: forward and loss under autocast (none for fp32 and
+    tf32), backward, SGD step (through a GradScaler for fp16). 'fp32' follows the float32 setting in force (true
+    float32 matmuls under torch's default, `set_float32_matmul_precision("highest")`); 'tf32' is the same step run
+    under `compat.fp32_precision_as("tf32")`: CUDA only, where `helpers.loop.tf32_available` says so. With
+    `accumulation_steps` the batch is cut into that many micro-batches (`torch.chunk`: fewer when the batch is
+    smaller), whose gradients make the one step. Each precision trains its own copy of `model`, so `model` itself
+    is left alone.
     """
     import torch.nn.functional as F
 
-    if isinstance(precisions, str) or not precisions or any(p not in PRECISIONS for p in precisions):
-        raise ValueError(f"precisions must be a non-empty list drawn from {tuple(PRECISIONS)}, got {precisions!r}")
+    known = (*PRECISIONS, "tf32")
+    if isinstance(precisions, str) or not precisions or any(p not in known for p in precisions):
+        raise ValueError(f"precisions must be a non-empty list drawn from {known}, got {precisions!r}")
     check_int("accumulation_steps", accumulation_steps)
     device = torch.device(device)
+    if "tf32" in precisions:
+        available, why = tf32_available(device)
+        if not available:
+            raise ValueError(f"precisions names 'tf32', but {why}; leave it out (precisions_for(device, tf32=True))")
     batch = list(zip(inputs.to(device).chunk(accumulation_steps), targets.to(device).chunk(accumulation_steps)))
     steps: dict[str, Callable[[], object]] = {}
     for name in precisions:
-        amp = None if name == "fp32" else name
+        amp = None if name in ("fp32", "tf32") else name
         replica = copy.deepcopy(model).to(device)
         optimizer = torch.optim.SGD(replica.parameters(), lr=lr)
         scaler = make_grad_scaler(device, amp)  # one scaler across steps, as in training
-        steps[name] = functools.partial(
+        step = functools.partial(
             train_epoch,
             replica,
             batch,
@@ -302,4 +311,17 @@ def precision_steps(
             scaler=scaler,
             progress=False,
         )
+        steps[name] = in_fp32_precision(step, "tf32") if name == "tf32" else step
     return steps
+
+
+def in_fp32_precision(step: Callable[[], object], mode: str) -> Callable[[], object]:
+    """`step` as a call that runs with CUDA float32 products in `mode`, 'ieee' or 'tf32' (restored after each call)."""
+    if mode not in compat.FP32_MODES:
+        raise ValueError(f"mode must be one of {compat.FP32_MODES}, got {mode!r}")
+
+    def call() -> object:
+        with compat.fp32_precision_as(mode):
+            return step()
+
+    return call

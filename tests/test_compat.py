@@ -144,3 +144,43 @@ def test_default_timeouts_in_a_build_without_nccl(monkeypatch):
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
     monkeypatch.setattr(constants, "default_pg_nccl_timeout", None)
     assert compat.default_timeouts() == {"nccl": None, "gloo": timedelta(minutes=30), "mpi": timedelta(minutes=30)}
+
+
+@pytest.mark.parametrize(("version", "name"), [("2.6.0", "cache_size_limit"), ("2.7.0", "recompile_limit")])
+def test_recompile_limit_name_follows_the_rename_in_2_7(version, name):
+    assert compat.recompile_limit_name(version=version) == name
+
+
+def test_recompile_limit_name_is_a_setting_of_this_torch():
+    limit = getattr(torch._dynamo.config, compat.recompile_limit_name())
+    assert isinstance(limit, int) and limit > 0
+
+
+@pytest.mark.parametrize(
+    ("device_type", "backend", "version", "accurate"),
+    [
+        ("cpu", "inductor", "2.6.0", False),
+        ("cpu", "inductor", "2.9.1", False),
+        ("cpu", "inductor", "2.10.0", True),
+        ("cuda", "inductor", "2.6.0", True),  # Triton kernels reduce in a tree
+        ("cpu", "aot_eager", "2.6.0", True),  # no kernels of its own: eager mode's
+    ],
+)
+def test_compiled_statistics_accurate_names_the_cpu_kernels_before_2_10(device_type, backend, version, accurate):
+    ok, why = compat.compiled_statistics_accurate(device_type, backend, version=version)
+    assert ok is accurate
+    assert ("torch 2.10" in why) is not accurate and len(why) < 200
+
+
+def test_fp32_precision_as_leaves_torch_s_own_getters_working():
+    """After torch.set_float32_matmul_precision (the old API), switching only the new settings made the old getters
+    raise on torch 2.9+ ("a mix of the legacy and new APIs"); torch.compile reads them."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        with compat.fp32_precision_as("tf32"):
+            assert torch.get_float32_matmul_precision() == "high"
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before)

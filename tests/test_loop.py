@@ -8,7 +8,15 @@ from torch.utils.data import Subset, TensorDataset
 
 from helpers.data import DigitsDataset, make_loader
 from helpers.devices import seed_everything
-from helpers.loop import evaluate, fit, has_pending_gradients, make_grad_scaler, train_epoch
+from helpers.loop import (
+    evaluate,
+    fit,
+    has_pending_gradients,
+    make_grad_scaler,
+    precisions_for,
+    tf32_available,
+    train_epoch,
+)
 from helpers.models import MLP, SmallCNN
 
 LOSS = nn.CrossEntropyLoss()
@@ -206,6 +214,51 @@ def test_a_skipped_fp16_step_mid_epoch_is_not_scheduled_and_a_given_scaler_carri
 def test_fp16_gets_a_grad_scaler_and_bf16_does_not():
     assert isinstance(make_grad_scaler(torch.device("cpu"), "fp16"), torch.amp.GradScaler)
     assert make_grad_scaler(torch.device("cpu"), "bf16") is None
+
+
+def _a_gpu(monkeypatch, capability: tuple[int, int], *, native_bf16: bool = True) -> None:
+    """Make this process see one NVIDIA GPU of `capability` (no CUDA call reaches a driver)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native_bf16)
+    monkeypatch.setattr(torch.version, "hip", None)
+
+
+@pytest.mark.parametrize(
+    "capability, native_bf16, with_tf32",
+    [
+        ((7, 0), False, ["fp32", "fp16"]),  # V100: no TF32, no native bfloat16
+        ((7, 5), False, ["fp32", "fp16"]),  # T4
+        ((8, 0), True, ["fp32", "tf32", "bf16", "fp16"]),  # A100
+        ((9, 0), True, ["fp32", "tf32", "bf16", "fp16"]),  # H100
+    ],
+)
+def test_precisions_for_a_gpu_add_tf32_from_ampere_on_when_asked(monkeypatch, capability, native_bf16, with_tf32):
+    _a_gpu(monkeypatch, capability, native_bf16=native_bf16)
+    assert precisions_for("cuda:0", tf32=True) == with_tf32
+    assert precisions_for("cuda:0") == [name for name in with_tf32 if name != "tf32"]  # as before: [1] is 16-bit
+    assert tf32_available("cuda:0")[0] == (capability >= (8, 0))
+
+
+def test_tf32_available_says_why_not_on_a_cpu_an_older_gpu_and_rocm(monkeypatch):
+    assert precisions_for("cpu", tf32=True) == precisions_for("cpu") == ["fp32", "bf16"]
+    assert tf32_available("cpu") == (
+        False,
+        "no TF32 on cpu: it is a mode of NVIDIA tensor cores (compute capability 8.0+)",
+    )
+    _a_gpu(monkeypatch, (7, 5), native_bf16=False)
+    assert tf32_available(torch.device("cuda", 0)) == (
+        False,
+        "no TF32 on Test GPU (compute capability 7.5): it needs compute capability 8.0 or newer (Ampere)",
+    )
+    _a_gpu(monkeypatch, (8, 6))
+    assert tf32_available("cuda") == (
+        True,
+        "TF32 on Test GPU (compute capability 8.6): float32 products on tensor cores, 10-bit mantissas",
+    )
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert tf32_available("cuda")[0] is False and "ROCm" in tf32_available("cuda")[1]
 
 
 def test_clipping_bounds_the_update():

@@ -1,5 +1,9 @@
 """The mixed-precision claims of notebook 05, pinned down on small inputs (float16 autocast works on the CPU)."""
 
+import ast
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -100,20 +104,22 @@ def test_float16_rounds_to_zero_below_2_to_the_minus_25_and_loses_digits_below_i
 
 
 def test_highest_matmul_precision_leaves_cudnn_convolutions_at_tf32():
+    """Notebooks 00 and 05 read the setting through helpers.compat: torch 2.9's fp32_precision, allow_tf32 before."""
+    from helpers import compat
+
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
-        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-        assert torch.backends.cudnn.conv.fp32_precision == "tf32" and torch.backends.cudnn.allow_tf32
+        assert compat.fp32_precision() == {"matmul": "ieee", "conv": "tf32"} and torch.backends.cudnn.allow_tf32
         torch.set_float32_matmul_precision("high")
-        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert compat.fp32_precision() == {"matmul": "tf32", "conv": "tf32"}
     finally:
         torch.set_float32_matmul_precision(before)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator's cap exists on CUDA only")
 def test_a_memory_fraction_cap_forces_a_real_out_of_memory_and_can_be_restored():
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())  # the memory-fraction calls refuse a bare "cuda"
     torch.cuda.empty_cache()
     cap, baseline = torch.cuda.get_per_process_memory_fraction(device), torch.cuda.memory_allocated(device)
     torch.cuda.set_per_process_memory_fraction((baseline + 2**28) / torch.cuda.mem_get_info(device)[1], device)
@@ -124,3 +130,68 @@ def test_a_memory_fraction_cap_forces_a_real_out_of_memory_and_can_be_restored()
         torch.cuda.set_per_process_memory_fraction(cap, device)
     assert torch.cuda.get_per_process_memory_fraction(device) == cap
     assert torch.cuda.memory_allocated(device) == baseline
+
+
+# The torch.cuda calls that refuse a device without an index (torch.cuda._utils._get_device_index(device) with
+# optional=False), with the position of their device argument.
+INDEXED_DEVICE_CALLS = {"get_per_process_memory_fraction": 0, "set_per_process_memory_fraction": 1}
+
+
+def _scopes() -> list[tuple[str, ast.AST]]:
+    """Every notebook code cell and every test function of the project: (where, its syntax tree)."""
+    root = Path(__file__).resolve().parents[1]
+    scopes: list[tuple[str, ast.AST]] = []
+    for path in sorted(root.glob("notebooks/*.ipynb")):
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        for number, cell in enumerate(cells, 1):
+            source = "".join(cell["source"])
+            if any(name in source for name in INDEXED_DEVICE_CALLS):
+                scopes.append((f"{path.name} code cell {number}", ast.parse(source)))
+    for path in sorted(root.glob("tests/*.py")):
+        tree = ast.parse(path.read_text())
+        scopes += [(f"{path.name}::{f.name}", f) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
+    return scopes
+
+
+def _device_arguments(scope: ast.AST) -> list[ast.expr | None]:
+    """The device argument of each index-demanding torch.cuda call in `scope` (None where it is left out)."""
+    found: list[ast.expr | None] = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            position = INDEXED_DEVICE_CALLS.get(node.func.attr)
+            if position is not None:
+                keyword = next((k.value for k in node.keywords if k.arg == "device"), None)
+                found.append(node.args[position] if len(node.args) > position else keyword)
+    return found
+
+
+def test_every_memory_fraction_call_gets_an_indexed_device_made_where_it_is_called(monkeypatch):
+    """get/set_per_process_memory_fraction raise ValueError for torch.device("cuda") (what 05 met on an H100). Each
+    call's device must be made indexed in its own cell or test, from any device the notebook picked: evaluated here
+    with a bare `device` and current_device() patched, it must pass torch's own index check."""
+    from torch.cuda._utils import _get_device_index
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    checked = 0
+    for where, scope in _scopes():
+        for argument in _device_arguments(scope):
+            assert argument is not None, f"{where}: pass the device (an indexed one) to the memory-fraction call"
+            expression = argument
+            if isinstance(argument, ast.Name):  # the name's last assignment before the call, in the same cell or test
+                made = [
+                    n
+                    for n in ast.walk(scope)
+                    if isinstance(n, ast.Assign)
+                    and [ast.unparse(t) for t in n.targets] == [argument.id]
+                    and n.lineno < argument.lineno
+                ]
+                assert made, f"{where}: {argument.id} is not made in this cell or test; make it indexed here"
+                expression = max(made, key=lambda n: n.lineno).value
+            device = eval(ast.unparse(expression), {"torch": torch, "device": torch.device("cuda")})
+            try:
+                assert _get_device_index(device) == 0, (where, device)
+            except ValueError as error:  # what torch raises for an index-less device
+                pytest.fail(f"{where}: {ast.unparse(argument)} is {device!r}, and torch says: {error}")
+            checked += 1
+    assert checked >= 4  # notebook 05's out-of-memory cell and tests/test_precision.py, two calls each at least
