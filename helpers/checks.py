@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -29,6 +30,19 @@ def check_positive_number(name: str, value: Any, *, allow_none: bool = False) ->
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a positive number{' or None' if allow_none else ''}, got {value!r}")
+
+
+def check_choice(name: str, value: Any, options: Sequence[Any]) -> None:
+    """Raise a ValueError naming `name` and the allowed values unless `value` is one of `options`."""
+    if not any(value == option and type(value) is type(option) for option in options):
+        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
+
+
+def check_range(name: str, value: Any, low: float, high: float, *, high_open: bool = False) -> None:
+    """Raise a ValueError naming `name` unless `value` is a number in [low, high] (or [low, high), `high_open`)."""
+    inside = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value
+    if not (inside and (value < high if high_open else value <= high)):
+        raise ValueError(f"{name} must be a number in [{low}, {high}{')' if high_open else ']'}, got {value!r}")
 
 
 def check_dataset(name: str, value: Any) -> None:

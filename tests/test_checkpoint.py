@@ -728,17 +728,24 @@ def test_resuming_twice_at_steps_that_are_no_checkpoint_interval_ends_bit_identi
     assert ckpt.states_equal(last["optimizer"].state_dict(), straight_run["optimizer"].state_dict())
 
 
-def test_every_step_uses_the_learning_rate_of_the_cosine_schedule(tmp_path, monkeypatch, one_thread):
-    """The scheduler steps after the optimizer: step k (from 0) runs at lr * (1 + cos(pi k / steps)) / 2."""
-    import math
-
-    used = []
+@pytest.fixture()
+def rates_used(monkeypatch):
+    """The learning rate of every AdamW step taken while the test runs, read as the step begins."""
+    used: list[float] = []
     original = torch.optim.AdamW.step
     monkeypatch.setattr(
         torch.optim.AdamW,
         "step",
         lambda self, *a, **k: used.append(self.param_groups[0]["lr"]) or original(self, *a, **k),
     )
+    return used
+
+
+def test_every_step_uses_the_learning_rate_of_the_cosine_schedule(tmp_path, rates_used, one_thread):
+    """The scheduler steps after the optimizer: step k (from 0) runs at lr * (1 + cos(pi k / steps)) / 2."""
+    import math
+
+    used = rates_used
     train(tmp_path, steps=12, save_every=5, seed=1)
     assert used == pytest.approx([3e-3 * (1 + math.cos(math.pi * k / 12)) / 2 for k in range(12)], rel=1e-12)
 
@@ -768,17 +775,12 @@ def test_as_saved_continues_with_the_checkpoint_s_settings(tmp_path, one_thread)
     assert ckpt.states_equal(resumed["model"].state_dict(), straight["model"].state_dict())
 
 
-def test_extend_lengthens_the_run_along_the_longer_cosine(tmp_path, monkeypatch, one_thread):
+def test_extend_lengthens_the_run_along_the_longer_cosine(tmp_path, rates_used, one_thread):
     import math
 
     train(tmp_path, steps=20, save_every=10, seed=5)  # done: its cosine has reached 0
-    used = []
-    original = torch.optim.AdamW.step
-    monkeypatch.setattr(
-        torch.optim.AdamW,
-        "step",
-        lambda self, *a, **k: used.append(self.param_groups[0]["lr"]) or original(self, *a, **k),
-    )
+    used = rates_used
+    used.clear()  # only the extension's steps
     longer = train(tmp_path, steps=40, save_every=10, seed=5, on_mismatch="extend")
     assert longer["resumed_from"] == 20 and longer["steps_done"] == 40 and longer["settings"]["steps"] == 40
     assert used == pytest.approx([3e-3 * (1 + math.cos(math.pi * k / 40)) / 2 for k in range(20, 40)], rel=1e-9)

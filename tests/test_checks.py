@@ -5,7 +5,7 @@ import io
 import pytest
 import torch
 
-from helpers.checks import check_int, check_positive_number
+from helpers.checks import check_choice, check_int, check_positive_number, check_range
 from helpers.progress import progress_bar, someone_watches
 
 
@@ -81,3 +81,33 @@ def test_check_dataset_accepts_datasets_lists_and_iterable_datasets():
 
     for good in (TensorDataset(torch.zeros(2, 1)), [(1, 2), (3, 4)], Stream()):
         check_dataset("dataset", good)
+
+
+def test_check_choice_names_the_parameter_and_the_choices():
+    check_choice("strategy", "ddp", ("ddp", "fsdp"))
+    for bad in ("DDP", None, 1):
+        with pytest.raises(ValueError, match=r"strategy must be one of \['ddp', 'fsdp'\], got"):
+            check_choice("strategy", bad, ("ddp", "fsdp"))
+    with pytest.raises(ValueError, match="got True"):  # True == 1, but it is not the option 1
+        check_choice("n", True, (1, 2))
+
+
+@pytest.mark.parametrize(
+    "value, high_open, ok",
+    [
+        (0, False, True),
+        (1, False, True),
+        (1, True, False),
+        (0.999, True, True),
+        (-0.1, False, False),
+        (True, False, False),
+        ("0.5", False, False),
+        (float("nan"), False, False),
+    ],
+)
+def test_check_range_takes_numbers_between_the_bounds(value, high_open, ok):
+    if ok:
+        check_range("momentum", value, 0, 1, high_open=high_open)
+    else:
+        with pytest.raises(ValueError, match=r"momentum must be a number in \[0, 1[)\]], got"):
+            check_range("momentum", value, 0, 1, high_open=high_open)

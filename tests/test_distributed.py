@@ -22,6 +22,7 @@ from helpers.distributed import (
     world_of_one,
 )
 from helpers.processes import RankError, is_running, launch, run_torchrun, torchrun_command
+from helpers.workers import common
 from helpers.workers import ddp as workers
 
 NO_GPU_PAIR = not torch.cuda.is_available() or torch.cuda.device_count() < 2
@@ -232,7 +233,7 @@ def test_ddp_broadcasts_buffers_at_wrap_and_before_each_forward_unless_told_not_
 def test_hand_averaging_ddp_and_one_process_agree_and_no_sync_does_not_communicate():
     seed, batch = 2**32 - 1, 6  # the largest seed a notebook accepts
     results = launch(workers.gradients_worker, 2, args=(seed, batch), timeout_s=120)
-    inputs, targets = workers.gradient_batch(seed, 4 * batch)
+    inputs, targets = common.gradient_batch(seed, 4 * batch)
     first_half = workers.full_batch_gradient(seed, inputs[: 2 * batch], targets[: 2 * batch])
     everything = workers.full_batch_gradient(seed, inputs, targets)
     assert not torch.allclose(results[0]["local"], results[1]["local"])
@@ -290,20 +291,17 @@ def test_run_torchrun_stops_a_run_that_takes_too_long():
 # ---------------------------------------------------------------- the lesson's helpers, in this process
 
 
-def test_gradient_batch_checks_its_input_and_flat_gradient_covers_every_parameter():
-    inputs, targets = workers.gradient_batch(1, 10)
+def test_gradient_batch_checks_its_input_and_full_batch_gradient_is_the_seeded_model_s():
+    inputs, targets = common.gradient_batch(1, 10)
     assert inputs.shape == (10, 1, 8, 8) and targets.shape == (10,)
-    assert torch.equal(workers.gradient_batch(1, 10)[0], inputs)  # same seed, same samples
-    assert not torch.equal(workers.gradient_batch(2**32 - 1, 10)[0], inputs)  # any 32-bit seed works
-    model = workers.build_model(workers.TrainConfig(seed=1))
-    assert workers.flat_gradient(model).abs().sum() == 0  # no backward yet: zeros, not an error
+    assert torch.equal(common.gradient_batch(1, 10)[0], inputs)  # same seed, same samples
+    assert not torch.equal(common.gradient_batch(2**32 - 1, 10)[0], inputs)  # any 32-bit seed works
+    model = common.mlp(1, (64,))
     torch.nn.functional.cross_entropy(model(inputs), targets).backward()
-    flat = workers.flat_gradient(model)
-    assert flat.numel() == sum(p.numel() for p in model.parameters())
-    assert torch.equal(flat, torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert torch.equal(workers.full_batch_gradient(1, inputs, targets), flat)  # the same, from a fresh seeded model
     with pytest.raises(ValueError, match="samples must be an int in"):
-        workers.gradient_batch(1, 0)
+        common.gradient_batch(1, 0)
 
 
 def test_payloads_differ_by_rank_and_take_any_32_bit_seed():

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.exercises.multi_gpu import check_gradient_from_replicas
-from helpers.workers.ddp import flat_gradient
+from helpers.grads import flat_grad
 
 
 def plain_mean_over_replicas(model, inputs, targets, n_devices):
@@ -15,7 +15,7 @@ def plain_mean_over_replicas(model, inputs, targets, n_devices):
     for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
         replica = copy.deepcopy(model)
         F.cross_entropy(replica(piece_inputs), piece_targets).backward()
-        grads.append(flat_gradient(replica))
+        grads.append(flat_grad(replica))
     return torch.stack(grads).mean(dim=0)  # right only when the pieces are equally large
 
 
@@ -24,7 +24,7 @@ def backward_on_the_model(model, inputs, targets, n_devices):
     for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
         model.zero_grad()
         F.cross_entropy(model(piece_inputs), piece_targets).backward()  # the right numbers, left on model itself
-        total = total + flat_gradient(model) * len(piece_targets)
+        total = total + flat_grad(model) * len(piece_targets)
     return total / len(targets)
 
 
@@ -43,7 +43,7 @@ def summed_losses(model, inputs, targets, n_devices):
     for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
         replica = copy.deepcopy(model)
         F.cross_entropy(replica(piece_inputs), piece_targets).backward()
-        total = total + flat_gradient(replica)  # summed, as DataParallel's backward does, but never averaged
+        total = total + flat_grad(replica)  # summed, as DataParallel's backward does, but never averaged
     return total
 
 

@@ -16,7 +16,7 @@ from helpers.distributed import world_of_one
 from helpers.memory import model_state_bytes
 from helpers.processes import launch
 from helpers.workers import fsdp as workers
-from helpers.workers.ddp import gradient_batch
+from helpers.workers.common import gradient_batch
 
 # FSDP2 on CPU ranks needs torch 2.7 (helpers.compat); on the floor torch these run where a GPU per rank exists
 SHARDS_ON_CPU, NO_SHARDING_WHY = compat.fsdp2_runs_on("cpu")

@@ -239,7 +239,29 @@ def test_a_lesson_that_picks_a_device_has_a_device_knob_and_uses_it(path):
         return
     assert re.search(r'^DEVICE = "auto"', code[0], re.MULTILINE), f'{path.name}: DEVICE = "auto" in the parameters'
     assert any('"DEVICE": device_knob()' in source for source in code), f"{path.name}: a DEVICE knob"
-    calls = [call for source in code for call in re.findall(r"pick_device\(([^)]*)\)", source)]
-    assert calls and all(call == "DEVICE" for call in calls), (
-        f"{path.name}: pick_device(DEVICE) everywhere, got {calls}"
-    )
+    # the lesson's device, and the sizes chosen for it, follow DEVICE (00 also calls pick_device to show it)
+    lines = [line for source in code for line in source.splitlines() if "pick_device(" in line]
+    chosen = [line for line in lines if re.search(r"\bdevice = |fill_sizes\(|sizes_for\(", line)]
+    assert chosen and all("pick_device(DEVICE)" in line for line in chosen), f"{path.name}: {chosen}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_library_code_a_notebook_prints_is_a_whole_function_that_exists(path):
+    """`print(inspect.getsource(x))` names a function the notebook's imports reach, printed whole: a cut at a
+    literal line (`.split("    return {")`) breaks silently when the function changes."""
+    import ast
+
+    code = [cell.source for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code"]
+    calls = [call for source in code for call in re.findall(r"inspect\.getsource\(([^()]+)\)(\S*)", source)]
+    if not calls:
+        return
+    assert all(not rest.startswith((".split", "[", ".index")) for _, rest in calls), f"{path.name}: cut at {calls}"
+    imports = []
+    for source in code:
+        for node in ast.parse("\n".join(line for line in source.splitlines() if not line.startswith("%"))).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imports.append(ast.unparse(node))
+    namespace: dict = {}
+    exec("\n".join(imports), namespace)  # only the notebook's imports: modules, not its cells
+    for name, _ in calls:
+        assert callable(eval(name, namespace)), f"{path.name}: inspect.getsource({name}) names no function"

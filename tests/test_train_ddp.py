@@ -11,9 +11,10 @@ import torch
 
 from helpers import compat
 from helpers.checkpoint import load_checkpoint
-from helpers.cli.train_ddp import main, parse_args, train
+from helpers.cli.train_ddp import main, parse_args
 from helpers.models import MLP
-from helpers.workers.ddp import TrainConfig, build_model, train_one_process, train_validation_split
+from helpers.workers.common import TrainConfig, mlp, train_validation_split
+from helpers.workers.training import train_one_process
 
 # FSDP2 on CPU ranks needs torch 2.7 (helpers.compat); on the floor torch these run where a GPU per rank exists
 SHARDS_ON_CPU, NO_SHARDING_WHY = compat.fsdp2_runs_on("cpu")
@@ -90,7 +91,7 @@ def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
     assert {key: os.environ.get(key) for key in watched} == before  # nothing leaked into this process
     state = torch.load(tmp_path / "model.pt", map_location="cpu", weights_only=True)["model"]
     MLP(64, (64,), 10).load_state_dict(state)
-    start = build_model(TrainConfig(seed=seed)).state_dict()
+    start = mlp(seed, TrainConfig().hidden).state_dict()
     assert any(not torch.equal(state[name], value) for name, value in start.items())  # it trained
 
 
@@ -100,7 +101,7 @@ def test_plain_python_trains_as_a_world_of_one(tmp_path, capsys):
         (["--epochs", "0"], "epochs must be a positive int"),
         (["--batch-size", "-2"], "batch_size must be a positive int"),
         (["--lr", "0"], "lr must be a positive number"),
-        (["--momentum", "1.5"], "momentum must be in"),
+        (["--momentum", "1.5"], "momentum must be a number in [0, 1)"),
         (["--backend", "udp"], "invalid choice"),
         (["--strategy", "zero3"], "invalid choice"),
     ],
@@ -112,12 +113,23 @@ def test_bad_arguments_are_refused_with_a_message(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_strategy_defaults_to_ddp_and_fsdp_is_accepted():
-    config, strategy = parse_args(["--epochs", "2"])
-    assert strategy == "ddp" and config.epochs == 2
-    assert parse_args(["--strategy", "fsdp"])[1] == "fsdp"
+def test_strategy_is_part_of_the_config_defaults_to_ddp_and_is_checked_once():
+    config, overwrite = parse_args(["--epochs", "2"])
+    assert config.strategy == "ddp" and config.epochs == 2 and not overwrite
+    assert parse_args(["--strategy", "fsdp"])[0].strategy == "fsdp"
     with pytest.raises(ValueError, match="strategy must be one of \\['ddp', 'fsdp'\\], got 'zero3'"):
-        train(TrainConfig(), "zero3")  # refused before any process group is joined
+        TrainConfig(strategy="zero3")  # refused before any process group is joined
+
+
+def test_a_folder_holding_another_run_is_refused_naming_the_settings(tmp_path):
+    main(["--epochs", "1", "--batch-size", "64", "--seed", "5", "--out", str(tmp_path), "--no-progress"])
+    with pytest.raises(SystemExit, match=r"seed: the folder's 5, asked 9\): pass --overwrite"):
+        main(["--epochs", "1", "--batch-size", "64", "--seed", "9", "--out", str(tmp_path), "--no-progress"])
+    with pytest.raises(SystemExit, match=r"epochs: the folder's 1, asked 2"):
+        main(["--epochs", "2", "--batch-size", "64", "--seed", "5", "--out", str(tmp_path), "--no-progress"])
+    main(["--epochs", "1", "--batch-size", "64", "--seed", "5", "--out", str(tmp_path), "--no-progress"])  # the same
+    main(["--epochs", "1", "--batch-size", "64", "--seed", "9", "--out", str(tmp_path), "--no-progress", "--overwrite"])
+    assert json.loads((tmp_path / "history.json").read_text())["config"]["seed"] == 9
 
 
 @pytest.mark.slow

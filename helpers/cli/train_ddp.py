@@ -25,7 +25,7 @@ also allows elastic ranges such as --nnodes=1:4 and restarts with --max_restarts
 
 torchrun gives every process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the script
 reads them through init_process_group("env://"). Run without torchrun it trains as a world of one.
-The training itself is helpers.workers.ddp.train_ddp, the loop notebook 06 shows (with --strategy
+The training itself is helpers.workers.training.train_ddp, the loop notebook 06 shows (with --strategy
 fsdp the same loop on a model sharded by helpers.workers.fsdp.shard_model): only rank 0 logs and writes the checkpoint (the
 bare model's state_dict, without DDP's `module.` prefix; under FSDP the whole model, gathered from
 the shards) and a history.json with one row of metrics per epoch. Either file loads into a plain MLP.
@@ -34,9 +34,11 @@ the shards) and a history.json with one row of metrics per epoch. Either file lo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -48,34 +50,54 @@ from helpers.distributed import (
     setup_process_group,
     teardown_process_group,
 )
-from helpers.workers.ddp import STRATEGIES, TrainConfig, train_ddp
+from helpers.workers.common import STRATEGIES, TrainConfig
+from helpers.workers.training import train_ddp
 
 
-def train(config: TrainConfig, strategy: str = "ddp") -> list[dict]:
-    """Join the process group torchrun describes (or a world of one), run train_ddp with `strategy`, leave the group."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+def check_out_folder(config: TrainConfig, world_size: int, *, overwrite: bool = False) -> None:
+    """Refuse to write over another run: when config.out holds a history.json of a run with other settings (or
+    another number of ranks), a ValueError names each and both values, unless `overwrite`."""
+    record = Path(config.out, "history.json") if config.out else None
+    if overwrite or record is None or not record.is_file():
+        return
+    saved = json.loads(record.read_text())
+    asked = {**config.shaping(), "world_size": world_size}
+    was = {**{name: saved["config"].get(name) for name in config.shaping()}, "world_size": saved.get("world_size")}
+    differing = [
+        f"{name}: the folder's {was[name]!r}, asked {value!r}" for name, value in asked.items() if was[name] != value
+    ]
+    if differing:
+        raise ValueError(
+            f"--out {config.out} holds a run with other settings ({'; '.join(differing)}): "
+            "pass --overwrite to replace it, or choose another --out"
+        )
+
+
+def train(config: TrainConfig, *, overwrite: bool = False) -> list[dict]:
+    """Join the process group torchrun describes (or a world of one), run train_ddp, leave the group. A folder
+    config.out that holds another run's files is refused unless `overwrite` (check_out_folder)."""
     if "RANK" in os.environ:  # started by torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
         rank, world_size, init_method = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://"
     else:  # started with plain python: a world of one, on a free local port
         rank, world_size, init_method = 0, 1, f"tcp://127.0.0.1:{find_free_port()}"
+    check_out_folder(config, world_size, overwrite=overwrite)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend = config.backend or default_backend(local_world)
     runs, why = fsdp2_runs_on(rank_device(backend, 0).type)
-    if strategy == "fsdp" and not runs:  # before any process joins: a clear error, not one deep inside FSDP2
+    if config.strategy == "fsdp" and not runs:  # before any process joins: a clear error, not one deep inside FSDP2
         raise ValueError(f"strategy='fsdp' on {backend} ranks: {why}")
     threads_before = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the cores
     device = setup_process_group(rank, world_size, backend=backend, init_method=init_method, timeout_s=config.timeout_s)
     try:
-        return train_ddp(config, rank, world_size, device, strategy=strategy)
+        return train_ddp(config, rank, world_size, device)
     finally:
         teardown_process_group()
         torch.set_num_threads(threads_before)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
-    """Command-line arguments to a TrainConfig and the strategy ('ddp' or 'fsdp')."""
+def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, bool]:
+    """Command-line arguments to a TrainConfig, and whether --overwrite was given."""
     parser = argparse.ArgumentParser(
         prog="torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp",
         description="Train the course MLP on the digits with DDP or FSDP2.",
@@ -104,6 +126,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
         "--timeout-s", type=float, default=defaults.timeout_s, help="how long a collective may wait for the other ranks"
     )
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--overwrite", action="store_true", help="replace a run with other settings in --out")
     args = parser.parse_args(argv)
     try:
         config = TrainConfig(
@@ -113,6 +136,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
             momentum=args.momentum,
             hidden=tuple(args.hidden),
             seed=args.seed,
+            strategy=args.strategy,
             out=args.out,
             backend=args.backend,
             timeout_s=args.timeout_s,
@@ -120,13 +144,16 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
         )
     except ValueError as error:
         parser.error(str(error))
-    return config, args.strategy
+    return config, args.overwrite
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: parse the arguments and train."""
-    config, strategy = parse_args(argv)
-    train(config, strategy)
+    config, overwrite = parse_args(argv)
+    try:
+        train(config, overwrite=overwrite)
+    except ValueError as error:  # a folder holding another run, or FSDP2 where this torch cannot shard
+        sys.exit(f"train_ddp: error: {error}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from helpers.workers.ddp import TrainConfig, build_model, flat_gradient, full_batch_gradient, gradient_batch
+from helpers.grads import flat_grad
+from helpers.workers.common import gradient_batch, mlp
+from helpers.workers.ddp import full_batch_gradient
 
 from . import exercise
 
@@ -23,7 +25,7 @@ def reference_gradient_from_replicas(model, inputs, targets, n_devices):
     for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
         replica = copy.deepcopy(model)
         F.cross_entropy(replica(piece_inputs), piece_targets).backward()
-        total = total + flat_gradient(replica) * len(piece_targets)  # a piece counts by its rows
+        total = total + flat_grad(replica) * len(piece_targets)  # a piece counts by its rows
     return total / len(targets)
 
 
@@ -37,14 +39,14 @@ def check_gradient_from_replicas(gradient_from_replicas: Callable) -> str:
     worst = 0.0
     for n_devices, rows in CASES:
         inputs, targets = gradient_batch(SEED, rows)
-        model = build_model(TrainConfig(seed=SEED))
+        model = mlp(SEED, (64,))
         mine = gradient_from_replicas(model, inputs, targets, n_devices)
         expected = full_batch_gradient(SEED, inputs, targets)
         assert all(p.grad is None for p in model.parameters()), (
             "hint: `model` now holds gradients: call backward on each copy.deepcopy(model) replica, not on model"
         )
         assert isinstance(mine, torch.Tensor) and mine.shape == expected.shape, (
-            f"hint: return one flat vector of {expected.numel()} numbers (workers.flat_gradient(replica) gives one per "
+            f"hint: return one flat vector of {expected.numel()} numbers (flat_grad(replica) gives one per "
             f"replica), not one tensor per parameter; got {type(mine).__name__}"
         )
         pieces = _pieces(rows, n_devices)

@@ -1,46 +1,33 @@
-"""What the ranks of notebook 06 run, and the DDP training loop that `torchrun -m helpers.cli.train_ddp` runs.
+"""What the ranks of notebook 06 run: who is who, point-to-point and collectives, buffers, the sampler, gradients
+averaged by hand, by DDP and under no_sync, and failures for the launcher's checks.
 
 A spawned rank imports its function by name, so these live in a module, never in a notebook.
 helpers.processes.launch calls each worker as worker(rank, world_size, *args) with the default
-process group already set up; the workers return plain values or tensors. `train_ddp` is one rank's
-whole training run (sampler, DDP wrapper, the step, metrics, rank-0 logging and checkpoint);
-`train_one_process` is its one-process twin, on the very batches the ranks see together.
+process group already set up; the workers return plain values or tensors. The training run itself
+(`train_ddp` and its one-process twin) is helpers.workers.training.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, Subset, random_split
+from torch.utils.data import DistributedSampler
 
-from helpers.checkpoint import save_checkpoint, unwrap_model
-from helpers.checks import check_int, check_positive_number
+from helpers.checks import check_choice
 from helpers.compat import ddp_buffer_sync
-from helpers.data import DigitsDataset
-from helpers.distributed import GlobalBatchSampler, all_reduce_metrics, print_rank0, rank_device
-from helpers.loop import evaluate, train_epoch
-from helpers.models import MLP
+from helpers.distributed import all_reduce_metrics
+from helpers.grads import flat_grad
+
+from .common import ddp_device_ids, gradient_batch, local_device, mlp
 
 FAILURE_MODES = ("raise", "exit", "hang")
-
-
-def local_device() -> torch.device:
-    """This rank's device: its GPU (LOCAL_RANK) under nccl, the CPU under gloo."""
-    return rank_device(dist.get_backend(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-
-
-def ddp_device_ids(device: torch.device) -> list[int] | None:
-    """DistributedDataParallel's device_ids for a module on `device`."""
-    return [device.index] if device.type == "cuda" else None  # DDP wants its GPU named, and no ids on the CPU
 
 
 # ---------------------------------------------------------------- who is who
@@ -154,26 +141,11 @@ def average_gradients(model: nn.Module) -> None:
             parameter.grad /= world_size
 
 
-def flat_gradient(model: nn.Module) -> torch.Tensor:
-    """All of a model's gradients as one flat CPU vector (zeros where a gradient is missing)."""
-    return torch.cat(
-        [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu() for p in model.parameters()]
-    )
-
-
-def gradient_batch(seed: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`samples` digits (images, labels) drawn without repetition from the training split by `seed`."""
-    dataset = DigitsDataset("train")
-    check_int("samples", samples, maximum=len(dataset))
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples]
-    return dataset.images[order], dataset.targets[order]
-
-
 def full_batch_gradient(seed: int, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The one-process reference: the flat gradient of the mean loss over the whole batch, from the seeded model."""
-    model = build_model(TrainConfig(seed=seed))
+    model = mlp(seed, (64,))  # TrainConfig's hidden widths: the model the training run trains
     nn.functional.cross_entropy(model(inputs), targets).backward()
-    return flat_gradient(model)
+    return flat_grad(model).cpu()
 
 
 def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> dict:
@@ -189,11 +161,11 @@ def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> 
     mine = slice(rank * batch_size, (rank + 1) * batch_size)
     second = slice(half + rank * batch_size, half + (rank + 1) * batch_size)
     loss_fn = nn.CrossEntropyLoss()
-    model = build_model(TrainConfig(seed=seed)).to(device)  # same seed: the same starting weights on every rank
+    model = mlp(seed, (64,)).to(device)  # same seed: the same starting weights on every rank
 
     by_hand = copy.deepcopy(model)
     loss_fn(by_hand(inputs[mine]), targets[mine]).backward()
-    local = flat_gradient(by_hand)  # this rank's own gradient, before any communication
+    local = flat_grad(by_hand).cpu()  # this rank's own gradient, before any communication
     average_gradients(by_hand)
 
     ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=ddp_device_ids(device))
@@ -202,15 +174,15 @@ def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> 
     accumulating = DistributedDataParallel(copy.deepcopy(model), device_ids=ddp_device_ids(device))
     with accumulating.no_sync():  # micro-batch 1 of 2: gradients stay local
         (loss_fn(accumulating(inputs[mine]), targets[mine]) / 2).backward()
-    under_no_sync = flat_gradient(accumulating.module)
+    under_no_sync = flat_grad(accumulating.module).cpu()
     (loss_fn(accumulating(inputs[second]), targets[second]) / 2).backward()  # micro-batch 2: all-reduce now
     return {
         "rank": rank,
         "local": local,
-        "by_hand": flat_gradient(by_hand),
-        "ddp": flat_gradient(ddp.module),
+        "by_hand": flat_grad(by_hand).cpu(),
+        "ddp": flat_grad(ddp.module).cpu(),
         "under_no_sync": under_no_sync,
-        "after_sync": flat_gradient(accumulating.module),
+        "after_sync": flat_grad(accumulating.module).cpu(),
     }
 
 
@@ -219,8 +191,7 @@ def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> 
 
 def failing_worker(rank: int, world_size: int, bad_rank: int, mode: str = "raise", pid_dir: str | None = None) -> int:
     """Rank `bad_rank` fails ('raise' an error, 'exit' hard, or 'hang'); the others wait at a barrier."""
-    if mode not in FAILURE_MODES:
-        raise ValueError(f"mode must be one of {FAILURE_MODES}, got {mode!r}")
+    check_choice("mode", mode, FAILURE_MODES)
     if pid_dir is not None:
         Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
     if rank == bad_rank:
@@ -232,205 +203,3 @@ def failing_worker(rank: int, world_size: int, bad_rank: int, mode: str = "raise
             time.sleep(0.1)
     dist.barrier()  # waits for the bad rank, which never arrives
     return rank
-
-
-# ---------------------------------------------------------------- DDP training (torchrun -m helpers.cli.train_ddp)
-
-
-@dataclass
-class TrainConfig:
-    """What a run needs; batch_size is per rank, so the effective batch is world_size * batch_size."""
-
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    hidden: tuple[int, ...] = (64,)
-    seed: int = 0
-    out: str | None = None
-    backend: str | None = None
-    timeout_s: float = 120.0
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_int("epochs", self.epochs)
-        check_int("batch_size", self.batch_size)
-        check_int("seed", self.seed, minimum=0)
-        check_positive_number("lr", self.lr)
-        if not isinstance(self.momentum, (int, float)) or not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if not self.hidden or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden):
-            raise ValueError(f"hidden must be a non-empty tuple of positive ints, got {self.hidden!r}")
-
-
-def build_model(config: TrainConfig) -> nn.Module:
-    """The course MLP, initialised from config.seed (so every rank starts from the same weights)."""
-    torch.manual_seed(config.seed)  # torch takes any 64-bit seed
-    return MLP(64, config.hidden, 10)
-
-
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """SGD with momentum, built after the model is on its device."""
-    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-
-
-def train_validation_split(seed: int) -> list[Subset]:
-    """The training digits split 80 / 20 into training and validation subsets, the same split for the same seed."""
-    return random_split(DigitsDataset("train"), [0.8, 0.2], generator=torch.Generator().manual_seed(seed))
-
-
-def evaluate_sharded(model: nn.Module, dataset, device: torch.device, rank: int, world_size: int) -> dict:
-    """Each rank scores every world_size-th sample (no padding, no overlap); the sums are all-reduced.
-
-    Under FSDP every forward all-gathers, so every rank must run as many batches: the shards differ by at most one
-    sample, one batch of 256 each for the validation split on 2 ranks or more."""
-    shard = Subset(dataset, range(rank, len(dataset), world_size))
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    was_training = model.training
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    with torch.no_grad():
-        for inputs, targets in DataLoader(shard, batch_size=256):
-            inputs, targets = inputs.to(device), targets.to(device)
-            outputs = model(inputs)
-            loss_sum += float(loss_fn(outputs, targets))
-            correct += int((outputs.argmax(dim=1) == targets).sum())
-    model.train(was_training)
-    totals = all_reduce_metrics({"loss_sum": loss_sum, "correct": correct, "samples": len(shard)})
-    return {"loss": totals["loss_sum"] / totals["samples"], "accuracy": totals["correct"] / totals["samples"]}
-
-
-STRATEGIES = ("ddp", "fsdp")  # a whole copy of the model per rank (DDP), or a shard per rank (FSDP2, notebook 07)
-
-
-def train_ddp(
-    config: TrainConfig, rank: int, world_size: int, device: torch.device, *, strategy: str = "ddp"
-) -> list[dict]:
-    """One rank's training run, in a process group already set up; returns the history (on every rank).
-
-    `strategy` 'ddp' wraps the model in DistributedDataParallel; 'fsdp' shards it with fully_shard
-    (helpers.workers.fsdp.shard_model). The loop is the same: only what backward() communicates differs.
-    """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
-    from .fsdp import gather_whole, shard_model  # FSDP2's two changes (notebook 07); imported here: fsdp imports us
-
-    train_set, val_set = train_validation_split(config.seed)  # the same split on every rank
-    sampler: DistributedSampler[int] = DistributedSampler(
-        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
-    )
-    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)  # this rank's shard only
-    model = build_model(config).to(device)  # same seed on every rank (and DDP broadcasts rank 0's weights)
-    # DDP: a whole copy per rank; FSDP: each rank keeps its shards
-    model = (
-        DistributedDataParallel(model, device_ids=ddp_device_ids(device)) if strategy == "ddp" else shard_model(model)
-    )
-    optimizer = build_optimizer(model, config)  # under FSDP built on the shards: its state is sharded too
-    loss_fn = nn.CrossEntropyLoss()
-    print_rank0(
-        f"world_size={world_size} backend={dist.get_backend()} device={device.type} strategy={strategy} "
-        f"batch={config.batch_size}/rank ({world_size * config.batch_size} per step) "
-        f"steps/epoch={len(loader)}",
-        flush=True,
-    )
-    bar = None
-    if config.progress and rank == 0:  # one progress bar, not one per rank
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=config.epochs * len(loader), desc=strategy, unit="step")
-    history: list[dict] = []
-    for epoch in range(config.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats epoch 0's order
-        model.train()
-        start = time.perf_counter()
-        loss_sum, samples = torch.zeros((), device=device), 0
-        for inputs, targets in loader:
-            inputs, targets = inputs.to(device), targets.to(device)
-            loss = loss_fn(model(inputs), targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP all-reduces (averages) the gradients; FSDP reduce-scatters them into shards
-            optimizer.step()  # the same averaged gradient everywhere: the copies (or shards) stay consistent
-            loss_sum += loss.detach() * len(targets)  # no .item() per step: it would wait for the GPU
-            samples += len(targets)
-            if bar is not None:
-                bar.update(1)
-        seconds = time.perf_counter() - start
-        train_totals = all_reduce_metrics({"loss_sum": float(loss_sum), "samples": samples})  # sums over ranks
-        val = evaluate_sharded(unwrap_model(model), val_set, device, rank, world_size)
-        history.append(
-            {
-                "epoch": epoch + 1,
-                "train_loss": train_totals["loss_sum"] / train_totals["samples"],
-                "val_loss": val["loss"],
-                "val_accuracy": val["accuracy"],
-                "seconds": seconds,
-                "samples_seen": int(train_totals["samples"]),
-            }
-        )
-        print_rank0(
-            f"epoch {epoch + 1}: train_loss={history[-1]['train_loss']:.4f} val_loss={val['loss']:.4f} "
-            f"val_accuracy={val['accuracy']:.4f} ({seconds:.2f} s)",
-            flush=True,
-        )
-    if bar is not None:
-        bar.close()
-    # A file a plain model loads: DDP's model.module (no "module." prefix), or FSDP's shards gathered on rank 0
-    whole = (unwrap_model(model), optimizer) if strategy == "ddp" else gather_whole(model, optimizer, config, rank)
-    if rank == 0 and config.out and whole is not None:  # one writer: N ranks writing one file would race
-        path = save_checkpoint(
-            Path(config.out) / "model.pt",
-            *whole,
-            epoch=config.epochs,
-            step=config.epochs * len(loader),
-            metric=history[-1]["val_accuracy"],
-            extra={"config": asdict(config), "world_size": world_size, "strategy": strategy, "history": history},
-        )
-        record = {
-            "world_size": world_size,
-            "backend": dist.get_backend(),
-            "strategy": strategy,
-            "config": asdict(config),
-        }
-        Path(config.out, "history.json").write_text(json.dumps({**record, "history": history}, indent=1))
-        print_rank0(f"saved {path}", flush=True)
-    dist.barrier()  # nobody leaves before rank 0 has written its files
-    return history
-
-
-def train_one_process(
-    config: TrainConfig,
-    world_size: int,
-    *,
-    nudge: float = 0.0,
-    threads: int | None = None,
-    device: torch.device | str = "cpu",
-) -> tuple[list[dict], nn.Module]:
-    """train_ddp's twin in this process, on `device`: batches of world_size * batch_size, each one every rank's batch.
-
-    The batches come from GlobalBatchSampler (the ranks' DistributedSampler batches, joined), so with a mean loss
-    each step's gradient is the one DDP averages. `nudge` scales the starting weights by (1 + nudge); `threads`
-    sets torch's CPU threads for the run (restored after). Returns one row per epoch and the trained model (on
-    the CPU).
-    """
-    check_int("world_size", world_size)
-    train_set, val_set = train_validation_split(config.seed)  # the split every rank uses
-    batches = GlobalBatchSampler(len(train_set), world_size, config.batch_size, seed=config.seed)
-    loader, val_loader = DataLoader(train_set, batch_sampler=batches), DataLoader(val_set, batch_size=256)
-    model = build_model(config)  # the same starting weights as every rank
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.mul_(1 + nudge)
-    model = model.to(device)
-    optimizer = build_optimizer(model, config)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(threads or threads_before)
-    history = []
-    try:
-        for epoch in range(config.epochs):
-            batches.set_epoch(epoch)  # the order every rank's DistributedSampler uses in this epoch
-            train = train_epoch(model, loader, optimizer, nn.CrossEntropyLoss(), device=device, progress=False)
-            val = evaluate(model, val_loader, nn.CrossEntropyLoss(), device=device)
-            history.append({"epoch": epoch + 1, "val_accuracy": val.accuracy, "seconds": train.seconds})
-    finally:
-        torch.set_num_threads(threads_before)
-    return history, model.cpu()

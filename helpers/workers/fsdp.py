@@ -1,5 +1,5 @@
 """What the ranks of notebook 07 run: FSDP2 (`fully_shard`) beside DDP, their collectives counted, and
-distributed checkpoints; and the sharded training run of `torchrun -m helpers.cli.train_ddp --strategy fsdp`.
+distributed checkpoints. `shard_model` is also what the training run (helpers.workers.training) shards with.
 
 A spawned rank imports its function by name, so these live in a module, never in a notebook.
 helpers.processes.launch calls each worker as worker(rank, world_size, *args) with the default process
@@ -24,7 +24,6 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
-    set_optimizer_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
@@ -36,24 +35,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from helpers.checks import check_int, check_positive_number
 from helpers.compat import fsdp2_runs_on
 from helpers.memory import saved_tensors_meter
-from helpers.models import MLP
-from helpers.workers.ddp import (
-    TrainConfig,
-    build_model,
-    build_optimizer,
-    ddp_device_ids,
-    gradient_batch,
-    local_device,
-)
+
+from .common import ddp_device_ids, gradient_batch, local_device, mlp
 
 # The collectives FSDP2 and DDP issue, as the dispatcher names them, and what the lesson calls them.
 COLLECTIVES = {"_allgather_base_": "all-gather", "_reduce_scatter_base_": "reduce-scatter", "allreduce_": "all-reduce"}
-
-
-def mlp(seed: int, hidden: Sequence[int]) -> nn.Module:
-    """The course MLP (64 inputs, 10 classes) with these hidden widths, initialised from `seed`."""
-    torch.manual_seed(seed)
-    return MLP(64, tuple(hidden), 10)
 
 
 def shard_model(model: nn.Module, *, mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
@@ -353,23 +339,3 @@ def load_checkpoint_here(seed: int, hidden: Sequence[int], lr: float, path: str 
     optimizer = adamw(model, lr)
     load_sharded(model, optimizer, path)
     return model, full_state(model, optimizer)
-
-
-# ---------------------------------------------------------------- FSDP training (torchrun -m helpers.cli.train_ddp --strategy fsdp)
-
-
-def gather_whole(
-    model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, rank: int
-) -> tuple[nn.Module, torch.optim.Optimizer] | None:
-    """The sharded model and optimizer gathered into a plain model and optimizer on rank 0 (None elsewhere).
-
-    Every rank must call it (gathering is a collective); the result loads into a plain MLP like a DDP run's file."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
-    if rank != 0:
-        return None
-    plain = build_model(config)
-    plain.load_state_dict(model_state)
-    plain_optimizer = build_optimizer(plain, config)
-    set_optimizer_state_dict(plain, plain_optimizer, optimizer_state)
-    return plain, plain_optimizer
