@@ -814,3 +814,18 @@ def test_the_command_line_refuses_other_settings_and_says_how_to_go_on(tmp_path)
         timeout=300,
     )
     assert extended.returncode == 0 and "done: step 40 (resumed from 20)" in extended.stdout
+
+
+def test_a_checkpoint_is_flushed_and_synced_before_it_is_renamed(tmp_path, monkeypatch):
+    """Mistake: the temporary file renamed over the checkpoint before its bytes reached the disk."""
+    from helpers import checkpoint
+
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: calls.append(("fsync", fd)) or real_fsync(fd))
+    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: calls.append(("replace", str(b))) or real_replace(a, b))
+    target = tmp_path / "model.pt"
+    checkpoint.save_checkpoint(target, nn.Linear(2, 2), epoch=0, step=0)
+    names = [name for name, _ in calls]
+    assert names[:2] == ["fsync", "replace"], calls  # the file's own fsync, then the rename (then the folder's)
+    assert calls[1][1] == str(target)

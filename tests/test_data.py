@@ -1,3 +1,6 @@
+import random
+
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -145,3 +148,14 @@ def test_luma_weights_are_the_gray_of_pil_and_torchvision():
     torchvision = v2.Grayscale()(torch.from_numpy(colours).permute(2, 0, 1)).double()[0]
     assert sum(LUMA) == pytest.approx(1.0)
     assert np.abs(ours - pil).max() <= 1 and (torch.from_numpy(ours) - torchvision).abs().max() <= 1  # 8-bit rounding
+
+
+def test_seed_worker_seeds_numpy_and_random_from_the_workers_torch_seed():
+    """Mistake: seeding with the worker id, so every run (any seed) draws the same numbers in worker 0."""
+    draws = {}
+    for torch_seed in (1000, 2000, 1000):
+        torch.manual_seed(torch_seed)  # a worker's torch seed is base_seed + worker_id
+        seed_worker(0)
+        draws.setdefault(torch_seed, []).append((np.random.randint(2**31), random.randrange(2**31)))
+    assert draws[1000][0] == draws[1000][1]  # the same torch seed: the same numbers
+    assert draws[1000][0][0] != draws[2000][0][0] and draws[1000][0][1] != draws[2000][0][1]

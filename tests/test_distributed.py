@@ -314,3 +314,17 @@ def test_payloads_differ_by_rank_and_take_any_32_bit_seed():
 def test_failing_worker_rejects_an_unknown_mode():
     with pytest.raises(ValueError, match="mode must be one of"):
         workers.failing_worker(0, 2, 1, "explode")
+
+
+def test_all_reduce_metrics_divides_by_the_world_size_to_average(monkeypatch):
+    """Mistake: average=True returning the sum."""
+    import torch.distributed as dist
+
+    from helpers.distributed import all_reduce_metrics
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: tensor.mul_(4))  # four ranks with equal values
+    assert all_reduce_metrics({"loss": 2.0}, average=True) == {"loss": 2.0}
+    assert all_reduce_metrics({"loss": 2.0}) == {"loss": 8.0}

@@ -40,6 +40,10 @@ def parameters_only(shapes, world_size, rank):
     return reference_bytes_on_rank(shapes, world_size, rank) // 4  # float32, but no gradient or AdamW moments
 
 
+def last_rank_like_the_first(shapes, world_size, rank):
+    return reference_bytes_on_rank(shapes, world_size, 0 if rank == world_size - 1 else rank)  # the tail forgotten
+
+
 def as_text(shapes, world_size, rank):
     return str(reference_bytes_on_rank(shapes, world_size, rank))
 
@@ -60,8 +64,15 @@ def test_the_reference_matches_the_lessons_model():
         (elements_not_bytes, "16 bytes per element"),
         (parameters_only, "16 bytes per element"),
         (as_text, "return a number of bytes"),
+        (last_rank_like_the_first, "expected"),
     ],
 )
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_bytes_on_rank(wrong)
+
+
+def test_a_right_answer_in_numpy_s_integers_passes():
+    import numpy as np
+
+    check_bytes_on_rank(lambda shapes, world_size, rank: np.int64(reference_bytes_on_rank(shapes, world_size, rank)))

@@ -90,6 +90,33 @@ def test_counting_allreduce_hook_counts_the_bucket_and_keeps_ddp_gradients():
         torch.testing.assert_close(mine.grad, reference.grad)
 
 
+def test_counting_allreduce_hook_averages_over_a_world_of_two(monkeypatch):
+    """In a world of one the division by the world size is invisible: two ranks' all-reduce, stood in for, must
+    leave the mean of their gradients."""
+
+    class Bucket:
+        def __init__(self, values):
+            self._buffer = torch.tensor(values)
+
+        def buffer(self):
+            return self._buffer
+
+    other_rank = torch.tensor([4.0, 8.0])
+
+    def all_reduce(buffer, async_op):  # the sum over both ranks, as gloo would leave it
+        buffer.add_(other_rank / 2)  # the other rank divides by 2 before it sends, as this one does
+        future = torch.futures.Future()
+        future.set_result([buffer])
+        return type("Work", (), {"get_future": lambda self: future})()
+
+    monkeypatch.setattr(workers.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(workers.dist, "all_reduce", all_reduce)
+    calls: list = []
+    averaged = workers.counting_allreduce_hook(calls, Bucket([2.0, 4.0])).wait()
+    assert torch.equal(averaged, torch.tensor([3.0, 6.0]))  # (2 + 4) / 2, (4 + 8) / 2
+    assert calls == [("all-reduce", 8)]
+
+
 def test_step_batches_are_seeded_and_never_repeat_a_sample():
     batches = workers.step_batches(3, 4, 10)
     assert [len(targets) for _, targets in batches] == [10] * 4 and batches[0][0].shape == (10, 1, 8, 8)

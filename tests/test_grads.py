@@ -1,6 +1,8 @@
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from helpers.grads import batch_gradient, flat_grad, gradient_of, max_abs_diff
 from helpers.models import MLP
@@ -124,3 +126,20 @@ def test_gradient_of_bad_inputs():
         gradient_of(lambda: None, lambda: None)
     with pytest.raises(TypeError, match="run must be"):
         gradient_of(MLP(), None)
+
+
+def _uneven_data(samples: int = 10) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(
+        torch.randn(samples, 64, generator=generator), torch.randint(0, 10, (samples,), generator=generator)
+    )
+
+
+def test_batch_gradient_starts_from_clean_gradients():
+    """Mistake: batch_gradient adds to whatever .grad held from before."""
+    torch.manual_seed(0)
+    model, (inputs, targets) = MLP(), _uneven_data(10).tensors
+    clean = batch_gradient(model, F.cross_entropy, inputs, targets).clone()
+    for parameter in model.parameters():
+        parameter.grad = torch.full_like(parameter, 5.0)  # left over from some earlier backward
+    assert torch.equal(batch_gradient(model, F.cross_entropy, inputs, targets), clean)

@@ -1,8 +1,10 @@
 import contextlib
 import copy
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset, TensorDataset
 
@@ -123,6 +125,23 @@ def test_scheduler_steps_once_per_optimizer_step(digits):
         progress=False,
     )
     assert optimizer.param_groups[0]["lr"] == 0.25
+
+
+def test_each_optimizer_step_runs_at_the_rate_the_scheduler_had_set_before_it(digits, monkeypatch):
+    """The scheduler steps after the optimizer: the first step runs at the initial rate, not at the second one."""
+    used = []
+    original = torch.optim.SGD.step
+    monkeypatch.setattr(
+        torch.optim.SGD,
+        "step",
+        lambda self, *a, **k: used.append(self.param_groups[0]["lr"]) or original(self, *a, **k),
+    )
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    loader = make_loader(Subset(digits[0], range(30)), batch_size=10)
+    train_epoch(model, loader, optimizer, LOSS, device="cpu", scheduler=scheduler, progress=False)
+    assert used == [1.0, 0.5, 0.25]
 
 
 @pytest.mark.slow
@@ -473,3 +492,42 @@ def test_fit_evaluates_only_when_no_gradients_are_pending(digits):
     )  # fmt: skip
     assert len(seen_in_eval) == 2 * len(val_loader) and not any(seen_in_eval)
     assert [row["optimizer_steps"] for row in history] == [3, 3]
+
+
+def _uneven_data(samples: int = 10) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(
+        torch.randn(samples, 64, generator=generator), torch.randint(0, 10, (samples,), generator=generator)
+    )
+
+
+def test_train_epoch_puts_the_model_in_train_mode():
+    """Mistake: train_epoch without model.train(), so a model left in eval mode trains without dropout."""
+    model = MLP(dropout=0.5).eval()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    train_epoch(
+        model, make_loader(_uneven_data(), batch_size=4), optimizer, F.cross_entropy, device="cpu", progress=False
+    )
+    assert model.training
+
+
+def test_the_epoch_loss_is_weighted_by_samples_not_a_mean_of_batch_means():
+    """Mistake: the epoch's loss as the mean of the batch means (4, 4 and 2 samples here)."""
+    torch.manual_seed(0)
+    model, data = MLP(), _uneven_data(10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay put: every batch sees the same model
+    result = train_epoch(
+        model, make_loader(data, batch_size=4), optimizer, F.cross_entropy, device="cpu", progress=False
+    )
+    with torch.no_grad():
+        whole = F.cross_entropy(model(data.tensors[0]), data.tensors[1]).item()
+        batch_means = [F.cross_entropy(model(x), y).item() for x, y in make_loader(data, batch_size=4)]
+    assert result.loss == pytest.approx(whole, rel=1e-6)
+    assert abs(np.mean(batch_means) - whole) > 1e-4  # the mistake would give a different number
+
+
+def test_evaluate_leaves_a_model_in_eval_mode_in_eval_mode():
+    """Mistake: evaluate ends with model.train() instead of restoring the mode it found."""
+    model = MLP().eval()
+    evaluate(model, make_loader(_uneven_data(), batch_size=4), F.cross_entropy, device="cpu")
+    assert not model.training

@@ -18,11 +18,17 @@ def test_measure_times_every_variant_in_turns_after_warm_up():
     assert result.baseline == "a" and result["a"].saved_bytes is None and result["a"].cuda_peak_bytes is None
 
 
-def test_per_divides_the_seconds_into_units():
+def test_per_divides_the_seconds_into_units(monkeypatch):
+    """A call of 4 steps that took 0.4 s took 0.1 s per step (the clock stands in: the rounds are known)."""
+    from helpers import rig
+
+    clock = {"x": [0.4, 0.6], "y": [0.4, 0.8]}
+    monkeypatch.setattr(rig, "time_interleaved", lambda steps, **options: {name: clock[name] for name in steps})
     result = measure({"x": lambda: None, "y": lambda: None}, device="cpu", repeat=2, warmup=0, per={"x": 1, "y": 4})
-    assert result.unit == "step"
-    raw = measure({"x": lambda: None}, device="cpu", repeat=1, warmup=0)
-    assert raw["x"].seconds[0] >= 0 and len(result["y"].seconds) == 2
+    assert result["x"].seconds == [0.4, 0.6] and result["y"].seconds == pytest.approx([0.1, 0.2])
+    assert result.unit == "step" and result.median_ms("y") == pytest.approx(150.0)
+    every = measure({"x": lambda: None, "y": lambda: None}, device="cpu", repeat=2, warmup=0, per=2)
+    assert every["y"].seconds == pytest.approx([0.2, 0.4])
 
 
 def test_saved_tensors_meters_the_peak_held_for_backward():

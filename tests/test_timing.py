@@ -126,3 +126,30 @@ def test_compare_states_only_what_the_middle_half_shows():
         compare("a", [1, 2], "b", [1])
     # one or two rounds are too few, however clear they look
     assert "too few rounds" in compare("a", [1], "b", [2]) and "too few rounds" in compare("a", [1, 1], "b", [2, 2])
+
+
+@pytest.mark.parametrize("timer", ["time_call", "time_interleaved"])
+def test_the_clock_is_read_only_after_the_device_finished_each_call(monkeypatch, timer):
+    """On a GPU a call returns when its kernels are queued: each timing waits for the device before reading the
+    clock (a fake device stands in: its synchronize advances the clock by the queued work)."""
+    from helpers import timing
+
+    now = [0.0]
+    queued = []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(
+        timing, "synchronize", lambda device: (now.__setitem__(0, now[0] + sum(queued)), queued.clear())
+    )
+    work = lambda: queued.append(0.5)  # noqa: E731  # half a second of "kernels", queued, not yet run
+    if timer == "time_call":
+        seconds = timing.time_call(work, repeat=3, warmup=1, device="cuda")
+    else:
+        seconds = timing.time_interleaved({"a": work, "b": work}, repeat=3, warmup=1, device="cuda")["b"]
+    assert seconds == [0.5, 0.5, 0.5]
+
+
+def test_median_ratio_is_the_median_of_per_round_ratios_not_a_ratio_of_medians():
+    """Mistake: median(a) / median(b), which pairs rounds that did not run together."""
+    from helpers.timing import median_ratio
+
+    assert median_ratio([1.0, 10.0, 100.0], [1.0, 1.0, 1000.0]) == pytest.approx(1.0)  # ratios 1, 10, 0.1

@@ -187,3 +187,16 @@ def test_train_one_process_follows_the_global_batches_and_restores_threads():
     assert not torch.allclose(nudged.state_dict()["1.weight"], model.state_dict()["1.weight"])
     with pytest.raises(ValueError, match="world_size must be a positive int"):
         train_one_process(config, 0)
+
+
+def test_train_one_process_restores_the_thread_count_when_training_fails(monkeypatch):
+    from helpers.workers import training
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("out of memory, say")
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(training, "train_epoch", fail)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train_one_process(TrainConfig(epochs=1), 2, threads=threads + 1)
+    assert torch.get_num_threads() == threads

@@ -4,6 +4,7 @@ alone; checked against the shards torch.chunk cuts (FSDP2 cuts dim 0 the same wa
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -73,7 +74,7 @@ def check_bytes_on_rank(bytes_on_rank: Callable) -> str:
         for rank in range(world_size):
             expected = _by_torch_chunk(shapes, world_size, rank)
             mine = bytes_on_rank(shapes, world_size, rank)
-            assert isinstance(mine, (int, float)) and not isinstance(mine, bool), (
+            assert isinstance(mine, numbers.Real) and not isinstance(mine, bool), (
                 f"hint: return a number of bytes (an int), got {type(mine).__name__}"
             )
             case = f"shapes {shapes}, world_size={world_size}, rank={rank}: expected {expected}, got {mine}"
