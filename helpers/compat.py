@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .checks import check_choice
+
 FLOOR = (2, 6)  # the oldest torch the course declares: the first with the public FSDP2 fully_shard
 FORWARD_SYNC_BUFFERS = (2, 13)  # DistributedDataParallel(forward_sync_buffers=...) replaced broadcast_buffers
 FSDP2_ON_CPU = (2, 7)  # torch.cpu.Stream.record_event: FSDP2 on CPU tensors (gloo ranks)
@@ -115,8 +117,7 @@ def set_fp32_precision(matmul: str | None = None, conv: str | None = None) -> No
     `torch.set_float32_matmul_precision` does) leaves a mix in which the old getters raise, and torch.compile reads
     them."""
     for name, mode in (("matmul", matmul), ("conv", conv)):
-        if mode is not None and mode not in FP32_MODES:
-            raise ValueError(f"{name} must be one of {FP32_MODES} or None, got {mode!r}")
+        check_choice(name, mode, (*FP32_MODES, None))
     if matmul is not None:
         torch.backends.cuda.matmul.allow_tf32 = matmul == "tf32"
     if conv is not None:

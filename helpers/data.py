@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from .checks import check_dataset, check_int
+from .checks import check_choice, check_dataset, check_int
 
 SPLITS = ("train", "test")
 RNG_SOURCES = ("torch", "numpy", "random", "generator")
@@ -34,8 +34,7 @@ class SizedDataset(Protocol):
 
 
 def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_choice("split", split, SPLITS)
 
 
 def data_dir() -> Path:
@@ -271,8 +270,7 @@ class RandomShiftDataset(Dataset):
         check_dataset("base", base)
         check_int("max_shift", max_shift, minimum=0)
         check_int("seed", seed, minimum=0)
-        if rng not in RNG_SOURCES:
-            raise ValueError(f"rng must be one of {RNG_SOURCES}, got {rng!r}")
+        check_choice("rng", rng, RNG_SOURCES)
         self.base, self.max_shift, self.rng = base, max_shift, rng
         self.generator = np.random.default_rng(seed) if rng == "generator" else None
 

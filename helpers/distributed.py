@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-from .checks import check_int, check_positive_number
+from .checks import check_choice, check_int, check_positive_number
 
 BACKENDS = ("gloo", "nccl", "mpi")
 
@@ -54,8 +54,7 @@ def _check_timeout(timeout_s: Any) -> None:
 
 
 def _check_backend(backend: str, world_size: int) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()}
     if not available[backend]:
         raise ValueError(
@@ -79,8 +78,7 @@ def setup_process_group(
     'tcp://host:port' or 'file:///path'. Collectives that wait longer than `timeout_s` raise.
     """
     check_int("world_size", world_size)
-    if not 0 <= rank < world_size:  # otherwise the rendezvous waits for the missing rank until the timeout
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+    check_int("rank", rank, minimum=0, maximum=world_size - 1)  # else the rendezvous waits for the missing rank
     _check_backend(backend, world_size)
     _check_timeout(timeout_s)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

@@ -18,6 +18,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .checks import check_choice
 from .devices import available_devices
 
 KINDS = ("int", "float", "log", "choice", "bool")
@@ -42,8 +43,7 @@ class Knob:
     maximum: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        check_choice("kind", self.kind, KINDS)
         if self.kind in ("int", "float", "log") and not (
             self.low is not None and self.high is not None and self.low < self.high
         ):
@@ -126,8 +126,7 @@ def check_value(name: str, knob: Knob, value: Any) -> Any:
             raise TypeError(f"{name} must be True or False, got {value!r}")
         return value
     if knob.kind == "choice":
-        if value not in knob.options:
-            raise ValueError(f"{name} must be one of {list(knob.options)}, got {value!r}")
+        check_choice(name, value, knob.options)
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be {_allowed(knob)}, got {type(value).__name__} {value!r}")

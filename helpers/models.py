@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from .checks import check_int, check_positive_number
+from .checks import check_int, check_positive_number, check_range
 
 
 class MLP(nn.Sequential):
@@ -27,8 +27,7 @@ class MLP(nn.Sequential):
         check_int("num_classes", num_classes)
         for width in hidden:
             check_int("each hidden width", width)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        check_range("dropout", dropout, 0, 1, high_open=True)
         layers: list[nn.Module] = [nn.Flatten()]
         width_in = in_features
         for width in hidden:
@@ -53,8 +52,7 @@ class SmallCNN(nn.Module):
         check_int("in_channels", in_channels)
         check_int("num_classes", num_classes)
         check_int("channels", channels)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        check_range("dropout", dropout, 0, 1, high_open=True)
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, channels, 3, padding=1),
             nn.BatchNorm2d(channels),

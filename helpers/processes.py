@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from helpers.checks import check_int
+from helpers.checks import check_choice, check_int
 from helpers.distributed import (
     _check_backend,
     _check_timeout,
@@ -152,8 +152,7 @@ def launch(
     check_int("nprocs", nprocs)
     check_int("threads_per_process", threads_per_process)
     _check_timeout(timeout_s)
-    if init_method not in INIT_METHODS:
-        raise ValueError(f"init_method must be one of {INIT_METHODS}, got {init_method!r}")
+    check_choice("init_method", init_method, INIT_METHODS)
     backend = default_backend(nprocs) if backend is None else backend
     _check_backend(backend, nprocs)
 

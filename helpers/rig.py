@@ -20,7 +20,7 @@ import torch
 from matplotlib.figure import Figure
 
 from . import compat
-from .checks import check_int
+from .checks import check_choice, check_int
 from .loop import PRECISIONS, make_grad_scaler, tf32_available, train_epoch
 from .memory import format_bytes, peak_memory, saved_tensors_meter
 from .timing import (
@@ -317,8 +317,7 @@ def precision_steps(
 
 def in_fp32_precision(step: Callable[[], object], mode: str) -> Callable[[], object]:
     """`step` as a call that runs with CUDA float32 products in `mode`, 'ieee' or 'tf32' (restored after each call)."""
-    if mode not in compat.FP32_MODES:
-        raise ValueError(f"mode must be one of {compat.FP32_MODES}, got {mode!r}")
+    check_choice("mode", mode, compat.FP32_MODES)
 
     def call() -> object:
         with compat.fp32_precision_as(mode):

@@ -508,7 +508,7 @@ def test_train_rejects_bad_arguments(tmp_path):
         train(tmp_path, steps=0)
     with pytest.raises(ValueError, match="stop_after must be at most steps=5, got 9"):
         train(tmp_path, steps=5, stop_after=9)
-    with pytest.raises(ValueError, match="dropout must be in"):
+    with pytest.raises(ValueError, match=r"dropout must be a number in \[0, 1\)"):
         train(tmp_path, dropout=1.0)
     with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*32\)"):
         train(tmp_path, seed=2**32)

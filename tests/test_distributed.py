@@ -62,7 +62,7 @@ def test_rank0_helpers_without_a_process_group(capsys):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"rank": 2, "world_size": 2}, r"rank must be in \[0, 2\), got 2"),
+        ({"rank": 2, "world_size": 2}, r"rank must be an int in \[0, 1\], got 2"),
         ({"rank": 0, "world_size": 0}, "world_size must be a positive int"),
         ({"rank": 0, "world_size": 1, "backend": "udp"}, "backend must be one of"),
         ({"rank": 0, "world_size": 1, "timeout_s": 0}, "timeout_s must be a positive number"),

@@ -36,7 +36,7 @@ from helpers.checkpoint import (
     UnreadableCheckpointError,
     read_checkpoint,
 )
-from helpers.checks import check_int
+from helpers.checks import check_choice, check_int
 from helpers.data import DigitsDataset
 from helpers.devices import seed_everything
 from helpers.loop import evaluate
@@ -71,8 +71,7 @@ def reconcile(asked: dict, saved: dict | None, on_mismatch: str = "refuse") -> d
     """The settings to run with: `asked` when they match `saved` (or nothing was saved); otherwise, by `on_mismatch`,
     a RunSettingsError naming each differing setting and both values ('refuse'), the checkpoint's ('as-saved'), or
     `asked` where only `steps` grew ('extend')."""
-    if on_mismatch not in MISMATCH:
-        raise ValueError(f"on_mismatch must be one of {MISMATCH}, got {on_mismatch!r}")
+    check_choice("on_mismatch", on_mismatch, MISMATCH)
     differing = {name: (saved[name], value) for name, value in asked.items() if saved and saved.get(name) != value}
     if not differing:
         return asked
