@@ -83,6 +83,11 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "BATCH_SIZE": {"cpu": 32, "cuda": 8192},
     },
     "inference": {"MAX_BATCH_SIZE": {"cpu": 256, "cuda": 4096}},
+    "faster": {
+        "CHANNELS": {"cpu": 8, "cuda": 128},
+        "BATCH_SIZE": {"cpu": 64, "cuda": 1024},
+        "COPIES": {"cpu": 1, "cuda": 16},
+    },
 }
 
 # Each lesson's CUDA sizes, largest estimated peak first (estimate_bytes, with 70% of the free memory it must fit
@@ -99,11 +104,20 @@ CUDA_LADDERS: dict[str, list[dict[str, int]]] = {
     ],
     "checkpointing": [{"DEPTH": 32, "WIDTH": 1024, "BATCH_SIZE": 8192}],  # ~1.6 GiB
     "inference": [{"MAX_BATCH_SIZE": 4096}],  # ~0.2 GiB
+    # 11's CNN on 28x28 digits: 128 channels make its second convolution ~1.4 GFLOP per image (forward and
+    # backward), so a batch of 1024 keeps even an H100 busy for tens of ms per step in float32; COPIES of the
+    # 1,347 training digits keep 21 optimizer steps per epoch at every rung (BATCH_SIZE / 64 copies).
+    "faster": [
+        {"CHANNELS": 128, "BATCH_SIZE": 1024, "COPIES": 16},  # ~3.9 GiB, from ~5.6 GiB free: 8 GB cards and up
+        {"CHANNELS": 128, "BATCH_SIZE": 512, "COPIES": 8},  # ~2.0 GiB, from ~2.8 GiB free: 4 and 6 GB
+        {"CHANNELS": 64, "BATCH_SIZE": 256, "COPIES": 4},  # ~0.5 GiB: less
+    ],
 }
 FREE_MEMORY_SHARE = 0.7  # the share of the free GPU memory a lesson's estimated peak may take (the rest: the
 # allocator's fragmentation, cuBLAS workspaces, what the estimate leaves out)
 
 _FLOAT = 4  # bytes of a float32
+_DIGIT_PIXELS = 28 * 28  # 11 trains on the digits upscaled to MNIST's size
 _POST_MODEL_PARAMETERS = 71 * (1000 * 1000 + 1000) + 1000 * 100 + 100  # 08's 72-layer model of the post
 
 
@@ -118,6 +132,13 @@ def mlp_parameters(width: int, depth: int, inputs: int = 64, classes: int = 10) 
     return inputs * width + width + (depth - 1) * (width * width + width) + width * classes + classes
 
 
+def smallcnn_parameters(channels: int, in_channels: int = 1, classes: int = 10) -> int:
+    """Parameters of `helpers.models.SmallCNN(in_channels, classes, channels=channels)`: two 3x3 convolutions with
+    biases, two BatchNorms (weight and bias) and the linear head on 4x4 pooled features."""
+    convolutions = 9 * in_channels * channels + channels + 9 * channels * 2 * channels + 2 * channels
+    return convolutions + 2 * (channels + 2 * channels) + 2 * channels * 16 * classes + classes
+
+
 def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
     """The bytes of one training step of the lesson's main model at `sizes`, in float32, by part.
 
@@ -126,6 +147,9 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
     or for 'inference' every layer's output of one forward at MAX_BATCH_SIZE; `transient`: the largest
     temporaries of backward (two layer outputs' gradients) or, for 'checkpointing', the 72-layer model of
     section 3 with its gradients and Adam moments (which replaces the stack's activations while it runs).
+    For 'faster' (SmallCNN(channels=CHANNELS) on 28x28 digits; COPIES changes only the data on the CPU) the
+    activations are what autograd saves at BATCH_SIZE in float32, and `transient` two gradients of the second
+    convolution's output.
     """
     _check_lesson(lesson)
     expected = set(LESSON_SIZES[lesson])
@@ -144,6 +168,14 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
         weights = _FLOAT * depth * (width * width + width)
         activations = (depth + 1) * batch * width * _FLOAT  # the input and each ReLU's output
         transient = max(2 * batch * width * _FLOAT, 4 * _FLOAT * _POST_MODEL_PARAMETERS - activations)
+    elif lesson == "faster":
+        channels, batch = sizes["CHANNELS"], sizes["BATCH_SIZE"]
+        weights = _FLOAT * smallcnn_parameters(channels)
+        # per image: the input, conv 1's output (saved by BatchNorm) and ReLU's, conv 2's and its ReLU's (twice
+        # the channels), the pooled 4x4 features, the log-probabilities, and the int64 target
+        per_image = _DIGIT_PIXELS * (1 + 2 * channels + 2 * 2 * channels) + 2 * channels * 16 + 10
+        activations = batch * (_FLOAT * per_image + 8)
+        transient = 2 * batch * 2 * channels * _DIGIT_PIXELS * _FLOAT
     else:  # inference: SmallCNN(channels=16) on 8x8 digits; forward outputs of every layer at the largest batch
         channels, batch = 16, sizes["MAX_BATCH_SIZE"]
         weights = _FLOAT * (10 * channels + 2 * channels + 9 * channels * 2 * channels + 2 * channels * 3)
@@ -162,7 +194,10 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
 
 # How many copies of the weights a lesson holds at once at its peak: 05 times four replicas side by side
 # (float32, 16-bit, micro-batches, checkpointed) next to the model they were copied from.
-_WEIGHT_COPIES = {"mixed_precision": 5, "checkpointing": 1, "inference": 1}
+# 11 holds many small CNNs at once: the ladder's 8 rungs (weights and AdamW's two moments each), section 2's
+# model with its gradients and two copies of them, section 3's 3 AdamW replicas (weights, gradients, moments)
+# and their made-up gradients: 42 weight-sized tensors, of which gradients and optimizer_state count 3.
+_WEIGHT_COPIES = {"mixed_precision": 5, "checkpointing": 1, "inference": 1, "faster": 39}
 
 
 def estimate_bytes(lesson: str, sizes: dict[str, int]) -> int:

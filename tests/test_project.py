@@ -146,6 +146,7 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
         "05_mixed_precision": ["mixed_precision"],
         "08_activation_checkpointing": ["checkpointing"],
         "10_eval_inference": ["inference"],
+        "11_faster_training": ["faster"],
     }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
     parameters = {

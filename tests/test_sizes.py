@@ -180,3 +180,37 @@ def test_cpu_flags_reads_the_flags_line(tmp_path):
     )
     assert cpu_flags(str(cpuinfo)) == {"fpu", "sse", "avx512_bf16", "amx_bf16"}
     assert cpu_flags(str(tmp_path / "missing")) == set()
+
+
+@pytest.mark.parametrize("channels", [1, 4, 8, 128])
+def test_smallcnn_parameters_counts_the_models_parameters(channels):
+    from helpers.devices import smallcnn_parameters
+
+    assert smallcnn_parameters(channels) == sum(p.numel() for p in SmallCNN(channels=channels).parameters())
+
+
+@pytest.mark.parametrize("channels, batch", [(4, 8), (8, 16), (16, 5)])
+def test_faster_parts_match_the_meters(channels, batch):
+    """11's estimate: SmallCNN(channels) on 28x28 digits, float32, one AdamW step."""
+    torch.manual_seed(0)
+    model = SmallCNN(channels=channels)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    images, labels = torch.rand(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    with saved_tensors_meter() as meter:
+        F.cross_entropy(model(images), labels).backward()
+    optimizer.step()
+    measured = model_state_bytes(model, optimizer)
+    parts = memory_parts("faster", {"CHANNELS": channels, "BATCH_SIZE": batch, "COPIES": 3})
+    assert parts["weights"] == measured["parameters"] and parts["gradients"] == measured["gradients"]
+    assert abs(parts["optimizer_state"] - measured["optimizer_state"]) <= TOLERANCE * measured["optimizer_state"]
+    # the meter also counts what BatchNorm saves besides its input (the batch's mean and 1/std, and its running
+    # mean and variance: 16 bytes per channel) and the loss's 4-byte weight: under 1% of the activations
+    assert abs(parts["activations"] - meter.peak_bytes) <= TOLERANCE * meter.peak_bytes, (parts, meter.peak_bytes)
+
+
+def test_faster_keeps_the_same_steps_per_epoch_on_every_rung():
+    """COPIES of the 1,347 training digits: each rung's epoch takes as many optimizer steps as the CPU's."""
+    cpu = sizes_for("faster", "cpu")
+    steps = {1347 * rung["COPIES"] // rung["BATCH_SIZE"] for rung in [cpu, *CUDA_LADDERS["faster"]]}
+    assert steps == {1347 // cpu["BATCH_SIZE"]}
+    assert all(rung["BATCH_SIZE"] <= 1347 * rung["COPIES"] for rung in CUDA_LADDERS["faster"])
