@@ -58,7 +58,7 @@ def test_mixed_precision_compares_the_precisions_of_this_device():
 
 
 def test_lesson_sizes_are_the_notebooks_sizes_as_keyword_arguments():
-    from helpers.devices import sizes_for
+    from helpers.sizes import sizes_for
 
     for lesson in ("checkpointing", "mixed_precision"):
         for device in ("cpu", "cuda"):  # only chooses: no CUDA needed

@@ -143,7 +143,7 @@ def test_num_threads_rejects_bad_counts_before_changing_anything(bad):
 
 
 def test_sizes_for_picks_cuda_sizes_only_on_cuda():
-    from helpers.devices import LESSON_SIZES, sizes_for
+    from helpers.sizes import LESSON_SIZES, sizes_for
 
     for lesson, sizes in LESSON_SIZES.items():
         assert sizes_for(lesson, "cpu") == {name: by_kind["cpu"] for name, by_kind in sizes.items()}
@@ -155,7 +155,7 @@ def test_sizes_for_picks_cuda_sizes_only_on_cuda():
 
 
 def test_fill_sizes_fills_only_the_parameters_left_at_none():
-    from helpers.devices import fill_sizes, sizes_for
+    from helpers.sizes import fill_sizes, sizes_for
 
     namespace = {"WIDTH": None, "DEPTH": 3, "BATCH_SIZE": None, "SEED": 0}
     chosen = fill_sizes(namespace, "mixed_precision", "cpu")

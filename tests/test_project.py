@@ -138,7 +138,7 @@ def test_a_notebook_cell_that_prints_a_wall_of_text_or_a_long_tick_line_fails_th
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
     """A notebook that fills sizes by device leaves them None in its parameters cell and says both sizes there."""
-    from helpers.devices import LESSON_SIZES
+    from helpers.sizes import LESSON_SIZES
 
     code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     lessons = re.findall(r'fill_sizes\(globals\(\), "(\w+)"', code[1].source)
@@ -242,8 +242,10 @@ def test_a_lesson_that_picks_a_device_has_a_device_knob_and_uses_it(path):
     assert any('"DEVICE": device_knob()' in source for source in code), f"{path.name}: a DEVICE knob"
     # the lesson's device, and the sizes chosen for it, follow DEVICE (00 also calls pick_device to show it)
     lines = [line for source in code for line in source.splitlines() if "pick_device(" in line]
-    chosen = [line for line in lines if re.search(r"\bdevice = |fill_sizes\(|sizes_for\(", line)]
+    chosen = [line for line in lines if re.search(r"\bdevice = |sizes_for\(", line)]
+    filled = [line for source in code for line in source.splitlines() if "fill_sizes(globals()" in line]
     assert chosen and all("pick_device(DEVICE)" in line for line in chosen), f"{path.name}: {chosen}"
+    assert all(line.split("#")[0].rstrip().endswith(", DEVICE)") for line in filled), f"{path.name}: {filled}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -5,11 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.devices import (
+from helpers.devices import cpu_flags
+from helpers.memory import model_state_bytes, saved_tensors_meter
+from helpers.models import MLP, SmallCNN, deep_linear_stack
+from helpers.sizes import (
     CUDA_LADDERS,
     FREE_MEMORY_SHARE,
     LESSON_SIZES,
-    cpu_flags,
     describe_sizes,
     estimate_bytes,
     fill_sizes,
@@ -17,8 +19,6 @@ from helpers.devices import (
     mlp_parameters,
     sizes_for,
 )
-from helpers.memory import model_state_bytes, saved_tensors_meter
-from helpers.models import MLP, SmallCNN, deep_linear_stack
 
 GIB = 2**30
 CARDS = (4, 6, 8, 16, 80)  # GiB of free memory
@@ -184,7 +184,7 @@ def test_cpu_flags_reads_the_flags_line(tmp_path):
 
 @pytest.mark.parametrize("channels", [1, 4, 8, 128])
 def test_smallcnn_parameters_counts_the_models_parameters(channels):
-    from helpers.devices import smallcnn_parameters
+    from helpers.sizes import smallcnn_parameters
 
     assert smallcnn_parameters(channels) == sum(p.numel() for p in SmallCNN(channels=channels).parameters())
 
