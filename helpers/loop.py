@@ -9,6 +9,8 @@ on a step boundary: unscale_ and clip -> scaler.step -> scaler.update -> zero_gr
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
@@ -18,7 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checks import check_int, check_positive_number
+from . import compat
+from .checks import check_choice, check_int, check_positive_number
 from .progress import progress_bar
 
 # The course's one table of precision names: 'fp32' trains without autocast; the others are autocast dtypes.
@@ -35,8 +38,7 @@ def _check_device(device) -> torch.device:
 
 
 def _check_amp(amp: str | None) -> None:
-    if amp is not None and amp not in AMP_DTYPES:
-        raise ValueError(f"amp must be None, 'bf16' or 'fp16', got {amp!r}")
+    check_choice("amp", amp, (None, *PRECISIONS))  # None and 'fp32' both mean: no autocast
 
 
 def _check_parameter_device(param: torch.Tensor | None, device: torch.device) -> None:
@@ -113,9 +115,9 @@ def _check_epoch_arguments(loader: Iterable, optimizer, device, accumulation_ste
 
 
 def autocast_context(device: torch.device, amp: str | None):
-    """torch.autocast for 'bf16'/'fp16', or a no-op context when amp is None."""
+    """torch.autocast for 'bf16'/'fp16', or a no-op context for 'fp32' (or None): no autocast."""
     _check_amp(amp)
-    if amp is None:
+    if amp is None or amp == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp])
 
@@ -153,10 +155,11 @@ def tf32_available(device: torch.device | str) -> tuple[bool, str]:
     return True, f"TF32 on {name}: float32 products on tensor cores, 10-bit mantissas"
 
 
-def make_grad_scaler(device: torch.device, amp: str | None) -> torch.amp.GradScaler | None:
-    """A GradScaler for fp16 (gradients would underflow without it); None for bf16 and fp32."""
+def make_grad_scaler(device: torch.device, amp: str | None) -> torch.amp.GradScaler:
+    """The run's GradScaler: scaling for fp16 (gradients would underflow without it); for bf16 and fp32 a disabled
+    one, the course's one "no scaling", whose scale, step and update pass straight through."""
     _check_amp(amp)
-    return torch.amp.GradScaler(device.type) if amp == "fp16" else None
+    return torch.amp.GradScaler(torch.device(device).type, enabled=amp == "fp16")
 
 
 def has_pending_gradients(model: nn.Module) -> bool:
@@ -194,7 +197,7 @@ def train_epoch(
     `scheduler` steps after each step the GradScaler did not skip; `scaler` (one per run) defaults to fp16 only.
     """
     device = _check_epoch_arguments(loader, optimizer, device, accumulation_steps, amp, max_grad_norm)
-    scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    scaler = scaler if scaler is not None else make_grad_scaler(device, amp)
     autocast = autocast_context(device, amp)  # made once; without amp a nullcontext, the cheapest to enter
     # Counted by hand: tqdm(loader) would open (and drop) an extra DataLoader iterator, shifting the shuffle.
     bar = progress_bar(total=_length(loader), desc=description, unit="batch", leave=False, enabled=progress)
@@ -341,3 +344,68 @@ def fit(
         shown = [k for k in ("train_loss", "val_loss", "val_accuracy") if k in last]
         print(f"fit: {epochs} epoch(s); last epoch " + ", ".join(f"{k} {last[k]:.4g}" for k in shown))
     return history
+
+
+def precision_steps(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    precisions: Sequence[str],
+    device: torch.device | str,
+    lr: float = 0.01,
+    accumulation_steps: int = 1,
+) -> dict[str, Callable[[], object]]:
+    """One training step of `model` on one batch per precision ('fp32', 'tf32', 'bf16', 'fp16'), ready for `measure`.
+
+    A step is `train_epoch` over the one batch: forward and loss under autocast (none for fp32 and
+    tf32), backward, SGD step (through a GradScaler for fp16). 'fp32' follows the float32 setting in force (true
+    float32 matmuls under torch's default, `set_float32_matmul_precision("highest")`); 'tf32' is the same step run
+    under `compat.fp32_precision_as("tf32")`: CUDA only, where `tf32_available` says so. With
+    `accumulation_steps` the batch is cut into that many micro-batches (`torch.chunk`: fewer when the batch is
+    smaller), whose gradients make the one step. Each precision trains its own copy of `model`, so `model` itself
+    is left alone.
+    """
+    import torch.nn.functional as F
+
+    known = (*PRECISIONS, "tf32")
+    if isinstance(precisions, str) or not precisions or any(p not in known for p in precisions):
+        raise ValueError(f"precisions must be a non-empty list drawn from {known}, got {precisions!r}")
+    check_int("accumulation_steps", accumulation_steps)
+    device = torch.device(device)
+    if "tf32" in precisions:
+        available, why = tf32_available(device)
+        if not available:
+            raise ValueError(f"precisions names 'tf32', but {why}; leave it out (precisions_for(device, tf32=True))")
+    batch = list(zip(inputs.to(device).chunk(accumulation_steps), targets.to(device).chunk(accumulation_steps)))
+    steps: dict[str, Callable[[], object]] = {}
+    for name in precisions:
+        amp = "fp32" if name == "tf32" else name  # tf32: float32 without autocast, its products in TF32
+        replica = copy.deepcopy(model).to(device)
+        optimizer = torch.optim.SGD(replica.parameters(), lr=lr)
+        scaler = make_grad_scaler(device, amp)  # one scaler across steps, as in training
+        step = functools.partial(
+            train_epoch,
+            replica,
+            batch,
+            optimizer,
+            F.cross_entropy,
+            device=device,
+            accumulation_steps=accumulation_steps,
+            amp=amp,
+            scaler=scaler,
+            progress=False,
+        )
+        steps[name] = in_fp32_precision(step, "tf32") if name == "tf32" else step
+    return steps
+
+
+def in_fp32_precision(step: Callable[[], object], mode: str) -> Callable[[], object]:
+    """`step` as a call that runs with CUDA float32 products in `mode`, 'ieee' or 'tf32' (restored after each call)."""
+    check_choice("mode", mode, compat.FP32_MODES)
+
+    def call() -> object:
+        with compat.fp32_precision_as(mode):
+            return step()
+
+    return call

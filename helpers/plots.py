@@ -1,15 +1,20 @@
-"""Plots: live training curves that update in place in Jupyter, and charts for measurement tables."""
+"""Plots: live training curves that update in place in Jupyter, and charts of what the rig measured."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from .memory import format_bytes
 from .progress import in_notebook
+from .timing import quartiles
+
+if TYPE_CHECKING:
+    from .rig import Measurement
 
 
 class LivePlot:
@@ -267,4 +272,63 @@ def data_parallel_timeline() -> Figure:
     legend = ["compute", "copy through GPU 0", "all-reduce (overlaps backward)", "data loading"]
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour, alpha=0.85) for colour in colours.values()]
     ax.legend(handles, legend, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8, frameon=False)
+    return figure
+
+
+def measurement_chart(measurement: Measurement, title: str = "") -> Figure:
+    """Bars of the median time per unit (whiskers: the middle half) and, where metered, of the memory."""
+    memory = [("saved for backward", "saved_bytes"), ("CUDA step peak", "cuda_peak_bytes")]
+    memory = [(label, key) for label, key in memory if getattr(measurement[measurement.baseline], key) is not None]
+    figure, axes = plt.subplots(1, 1 + len(memory), figsize=(4.5 * (1 + len(memory)), 3.4), layout="constrained")
+    axes = list(axes) if memory else [axes]
+    names = list(measurement.results)
+    labels = [measurement.label(name) for name in names]
+    medians = [measurement.median_ms(name) for name in names]
+    spreads = [[1e3 * q for q in quartiles(measurement[name].seconds)] for name in names]
+    errors = [
+        [m - low for m, (low, _) in zip(medians, spreads)],
+        [high - m for m, (_, high) in zip(medians, spreads)],
+    ]
+    bars = axes[0].bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
+    axes[0].bar_label(bars, [f"x{measurement.time_ratio(name):.2f}" for name in names], fontsize=8, padding=2)
+    axes[0].set(ylabel=f"ms per {measurement.unit} (median)", title=title or f"time on {measurement.device.type}")
+    for ax, (label, key) in zip(axes[1:], memory):
+        values = [getattr(measurement[name], key) for name in names]
+        power = min(3, max(0, int(max(values)).bit_length() - 1) // 10)  # the largest value's binary unit
+        bars = ax.bar(labels, [v / 1024**power for v in values], color="tab:orange")
+        ax.bar_label(bars, [format_bytes(v) for v in values], fontsize=8, padding=2)
+        ax.set(ylabel=f"{label}, {('B', 'KiB', 'MiB', 'GiB')[power]}", title=label)
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=20 if max(len(text) for text in labels) > 8 else 0)
+        ax.margins(y=0.15)
+    return figure
+
+
+def speedup_chart(measurement: Measurement, *, notes: Mapping[str, str] | None = None, title: str = "") -> Figure:
+    """Bars of each variant's throughput relative to the baseline (baseline time / its time, median of the
+    rounds), whiskers for the middle half of the per-round ratios, and an optional note under each label."""
+    notes = dict(notes or {})
+    names = list(measurement.results)
+    unknown = set(notes) - {measurement.label(name) for name in names}
+    if unknown:
+        raise ValueError(f"notes name variants that were not measured: {sorted(unknown)}")
+    speedups = [1 / measurement.time_ratio(name) for name in names]
+    spreads = [measurement.ratio_spread(name) for name in names]  # time ratios: the low one is the fast end
+    errors = [
+        [s - 1 / high for s, (_, high) in zip(speedups, spreads)],
+        [1 / low - s for s, (low, _) in zip(speedups, spreads)],
+    ]
+    labels = [measurement.label(name) for name in names]
+    ticks = [f"{label}\n{notes[label]}" if label in notes else label for label in labels]
+    figure, ax = plt.subplots(figsize=(max(5.0, 1.25 * len(names)), 3.6), layout="constrained")
+    bars = ax.bar(ticks, speedups, yerr=errors, capsize=4, color="tab:green")
+    ax.bar_label(bars, [f"x{s:.2f}" for s in speedups], fontsize=8, padding=2)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    unit = measurement.unit
+    ax.set(
+        ylabel=f"{unit}s per second, relative",
+        title=title or f"throughput against {measurement.label(measurement.baseline)!r}",
+    )
+    ax.tick_params(axis="x", labelsize=8)
+    ax.margins(y=0.15)
     return figure

@@ -10,8 +10,6 @@ table and a chart, so a lesson only writes out what it compares and asserts what
 
 from __future__ import annotations
 
-import copy
-import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +17,8 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from . import compat
-from .checks import check_choice, check_int
-from .loop import PRECISIONS, make_grad_scaler, tf32_available, train_epoch
+from . import plots
+from .checks import check_int
 from .memory import format_bytes, peak_memory, saved_tensors_meter
 from .timing import (
     compare,
@@ -29,7 +26,6 @@ from .timing import (
     median,
     median_ratio,
     middle_half,
-    quartiles,
     ratio_quartiles,
     time_interleaved,
 )
@@ -140,65 +136,12 @@ class Measurement:
             print("  " + sentence)
 
     def chart(self, title: str = "") -> Figure:
-        """Bars of the median time per unit (whiskers: the middle half) and, where metered, of the memory."""
-        import matplotlib.pyplot as plt
-
-        memory = [("saved for backward", "saved_bytes"), ("CUDA step peak", "cuda_peak_bytes")]
-        memory = [(label, key) for label, key in memory if getattr(self[self.baseline], key) is not None]
-        figure, axes = plt.subplots(1, 1 + len(memory), figsize=(4.5 * (1 + len(memory)), 3.4), layout="constrained")
-        axes = list(axes) if memory else [axes]
-        names = list(self.results)
-        labels = [self.label(name) for name in names]
-        medians = [self.median_ms(name) for name in names]
-        spreads = [[1e3 * q for q in quartiles(self[name].seconds)] for name in names]
-        errors = [
-            [m - low for m, (low, _) in zip(medians, spreads)],
-            [high - m for m, (_, high) in zip(medians, spreads)],
-        ]
-        bars = axes[0].bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
-        axes[0].bar_label(bars, [f"x{self.time_ratio(name):.2f}" for name in names], fontsize=8, padding=2)
-        axes[0].set(ylabel=f"ms per {self.unit} (median)", title=title or f"time on {self.device.type}")
-        for ax, (label, key) in zip(axes[1:], memory):
-            values = [getattr(self[name], key) for name in names]
-            power = min(3, max(0, int(max(values)).bit_length() - 1) // 10)  # the largest value's binary unit
-            bars = ax.bar(labels, [v / 1024**power for v in values], color="tab:orange")
-            ax.bar_label(bars, [format_bytes(v) for v in values], fontsize=8, padding=2)
-            ax.set(ylabel=f"{label}, {('B', 'KiB', 'MiB', 'GiB')[power]}", title=label)
-        for ax in axes:
-            ax.tick_params(axis="x", labelrotation=20 if max(len(text) for text in labels) > 8 else 0)
-            ax.margins(y=0.15)
-        return figure
+        """Bars of the median time per unit and, where metered, of the memory: helpers.plots.measurement_chart."""
+        return plots.measurement_chart(self, title)
 
     def speedup_chart(self, *, notes: Mapping[str, str] | None = None, title: str = "") -> Figure:
-        """Bars of each variant's throughput relative to the baseline (baseline time / its time, median of the
-        rounds), whiskers for the middle half of the per-round ratios, and an optional note under each label."""
-        import matplotlib.pyplot as plt
-
-        notes = dict(notes or {})
-        names = list(self.results)
-        unknown = set(notes) - {self.label(name) for name in names}
-        if unknown:
-            raise ValueError(f"notes name variants that were not measured: {sorted(unknown)}")
-        speedups = [1 / self.time_ratio(name) for name in names]
-        spreads = [self.ratio_spread(name) for name in names]  # time ratios: the low one is the fast end
-        errors = [
-            [s - 1 / high for s, (_, high) in zip(speedups, spreads)],
-            [1 / low - s for s, (low, _) in zip(speedups, spreads)],
-        ]
-        labels = [self.label(name) for name in names]
-        ticks = [f"{label}\n{notes[label]}" if label in notes else label for label in labels]
-        figure, ax = plt.subplots(figsize=(max(5.0, 1.25 * len(names)), 3.6), layout="constrained")
-        bars = ax.bar(ticks, speedups, yerr=errors, capsize=4, color="tab:green")
-        ax.bar_label(bars, [f"x{s:.2f}" for s in speedups], fontsize=8, padding=2)
-        ax.axhline(1.0, color="gray", linewidth=0.8)
-        unit = self.unit
-        ax.set(
-            ylabel=f"{unit}s per second, relative",
-            title=title or f"throughput against {self.label(self.baseline)!r}",
-        )
-        ax.tick_params(axis="x", labelsize=8)
-        ax.margins(y=0.15)
-        return figure
+        """Each variant's throughput relative to the baseline: helpers.plots.speedup_chart."""
+        return plots.speedup_chart(self, notes=notes, title=title)
 
 
 def measure(
@@ -259,68 +202,3 @@ def powers_up_to(largest: int, base: int) -> list[int]:
     while sizes[-1] * base < largest:
         sizes.append(sizes[-1] * base)
     return sizes if largest == 1 else [*sizes, largest]
-
-
-def precision_steps(
-    model: torch.nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    precisions: Sequence[str],
-    device: torch.device | str,
-    lr: float = 0.01,
-    accumulation_steps: int = 1,
-) -> dict[str, Callable[[], object]]:
-    """One training step of `model` on one batch per precision ('fp32', 'tf32', 'bf16', 'fp16'), ready for `measure`.
-
-    A step is `helpers.loop.train_epoch` over the one batch: forward and loss under autocast (none for fp32 and
-    tf32), backward, SGD step (through a GradScaler for fp16). 'fp32' follows the float32 setting in force (true
-    float32 matmuls under torch's default, `set_float32_matmul_precision("highest")`); 'tf32' is the same step run
-    under `compat.fp32_precision_as("tf32")`: CUDA only, where `helpers.loop.tf32_available` says so. With
-    `accumulation_steps` the batch is cut into that many micro-batches (`torch.chunk`: fewer when the batch is
-    smaller), whose gradients make the one step. Each precision trains its own copy of `model`, so `model` itself
-    is left alone.
-    """
-    import torch.nn.functional as F
-
-    known = (*PRECISIONS, "tf32")
-    if isinstance(precisions, str) or not precisions or any(p not in known for p in precisions):
-        raise ValueError(f"precisions must be a non-empty list drawn from {known}, got {precisions!r}")
-    check_int("accumulation_steps", accumulation_steps)
-    device = torch.device(device)
-    if "tf32" in precisions:
-        available, why = tf32_available(device)
-        if not available:
-            raise ValueError(f"precisions names 'tf32', but {why}; leave it out (precisions_for(device, tf32=True))")
-    batch = list(zip(inputs.to(device).chunk(accumulation_steps), targets.to(device).chunk(accumulation_steps)))
-    steps: dict[str, Callable[[], object]] = {}
-    for name in precisions:
-        amp = None if name in ("fp32", "tf32") else name
-        replica = copy.deepcopy(model).to(device)
-        optimizer = torch.optim.SGD(replica.parameters(), lr=lr)
-        scaler = make_grad_scaler(device, amp)  # one scaler across steps, as in training
-        step = functools.partial(
-            train_epoch,
-            replica,
-            batch,
-            optimizer,
-            F.cross_entropy,
-            device=device,
-            accumulation_steps=accumulation_steps,
-            amp=amp,
-            scaler=scaler,
-            progress=False,
-        )
-        steps[name] = in_fp32_precision(step, "tf32") if name == "tf32" else step
-    return steps
-
-
-def in_fp32_precision(step: Callable[[], object], mode: str) -> Callable[[], object]:
-    """`step` as a call that runs with CUDA float32 products in `mode`, 'ieee' or 'tf32' (restored after each call)."""
-    check_choice("mode", mode, compat.FP32_MODES)
-
-    def call() -> object:
-        with compat.fp32_precision_as(mode):
-            return step()
-
-    return call

@@ -15,11 +15,13 @@ from helpers.loop import (
     fit,
     has_pending_gradients,
     make_grad_scaler,
+    precision_steps,
     precisions_for,
     tf32_available,
     train_epoch,
 )
 from helpers.models import MLP, SmallCNN
+from helpers.rig import measure
 
 LOSS = nn.CrossEntropyLoss()
 
@@ -232,7 +234,10 @@ def test_a_skipped_fp16_step_mid_epoch_is_not_scheduled_and_a_given_scaler_carri
 
 def test_fp16_gets_a_grad_scaler_and_bf16_does_not():
     assert isinstance(make_grad_scaler(torch.device("cpu"), "fp16"), torch.amp.GradScaler)
-    assert make_grad_scaler(torch.device("cpu"), "bf16") is None
+    for amp in ("bf16", "fp32", None):  # one "no scaling": a disabled scaler that passes everything through
+        scaler = make_grad_scaler(torch.device("cpu"), amp)
+        probe = torch.ones(2)
+        assert not scaler.is_enabled() and scaler.scale(probe) is probe
 
 
 def _a_gpu(monkeypatch, capability: tuple[int, int], *, native_bf16: bool = True) -> None:
@@ -301,7 +306,7 @@ def test_clipping_bounds_the_update():
     [
         ({"accumulation_steps": 0}, ValueError, "accumulation_steps must be a positive int, got 0"),
         ({"accumulation_steps": 2.0}, ValueError, "accumulation_steps"),
-        ({"amp": "fp8"}, ValueError, "amp must be None, 'bf16' or 'fp16', got 'fp8'"),
+        ({"amp": "fp8"}, ValueError, r"amp must be one of \[None, 'fp32', 'bf16', 'fp16'\], got 'fp8'"),
         ({"max_grad_norm": -1.0}, ValueError, "max_grad_norm"),
         ({"device": 3}, TypeError, "device"),
     ],
@@ -531,3 +536,104 @@ def test_evaluate_leaves_a_model_in_eval_mode_in_eval_mode():
     model = MLP().eval()
     evaluate(model, make_loader(_uneven_data(), batch_size=4), F.cross_entropy, device="cpu")
     assert not model.training
+
+
+def test_precision_steps_train_copies_and_leave_the_model_alone():
+    torch.manual_seed(0)
+    model = MLP(64, (16,), 10)
+    before = [p.detach().clone() for p in model.parameters()]
+    inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    steps = precision_steps(model, inputs, targets, precisions=["fp32", "bf16", "fp16"], device="cpu")
+    measured = measure(steps, device="cpu", repeat=2, warmup=1, saved_tensors=True, exclude=model)
+    assert set(measured.results) == {"fp32", "bf16", "fp16"}
+    assert all(len(r.seconds) == 2 and all(s > 0 for s in r.seconds) for r in measured.results.values())
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert measured["bf16"].saved_bytes < measured["fp32"].saved_bytes  # 16-bit activations
+    for bad in (["fp8"], [], "fp32"):
+        with pytest.raises(ValueError, match="precisions must be"):
+            precision_steps(model, inputs, targets, precisions=bad, device="cpu")
+
+
+def test_a_tf32_step_is_the_fp32_step_run_with_tf32_products_and_puts_the_setting_back(monkeypatch):
+    """'tf32': float32 without autocast, under compat.fp32_precision_as('tf32'). On the CPU TF32 changes nothing,
+    so the step is made here with tf32_available patched, to see the setting during the step and after it."""
+    from helpers import compat, loop
+
+    seen = []
+
+    def train_epoch(*args, **kwargs):  # the steps' train_epoch, noting the float32 setting while it runs
+        seen.append(compat.fp32_precision())
+        return real_train_epoch(*args, **kwargs)
+
+    real_train_epoch = loop.train_epoch
+    monkeypatch.setattr(loop, "train_epoch", train_epoch)
+    monkeypatch.setattr(loop, "tf32_available", lambda device: (True, "TF32 here (patched)"))
+    torch.manual_seed(0)
+    model = MLP(64, (16,), 10)
+    inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    before = compat.fp32_precision()
+    steps = precision_steps(model, inputs, targets, precisions=["fp32", "tf32"], device="cpu")
+    fp32, tf32 = steps["fp32"](), steps["tf32"]()
+    assert seen == [before, {"matmul": "tf32", "conv": "tf32"}] and compat.fp32_precision() == before
+    assert fp32.loss == tf32.loss and tf32.optimizer_steps == 1  # the same float32 step, no autocast
+
+
+def test_notebook_05s_table_on_a_gpu_from_ampere_on_fp32_tf32_bf16_fp16_and_autocast_against_tf32(monkeypatch):
+    """05's section 4 on an H100, rehearsed on the CPU: the four rows, and the 16-bit rows against tf32."""
+    from helpers import loop
+
+    monkeypatch.setattr(loop, "tf32_available", lambda device: (True, "TF32 here (patched)"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    compared = loop.precisions_for("cuda", tf32=True)
+    assert compared == ["fp32", "tf32", "bf16", "fp16"]
+    torch.manual_seed(0)
+    model, inputs, targets = MLP(64, (16,), 10), torch.randn(8, 64), torch.randint(0, 10, (8,))
+    steps = precision_steps(model, inputs, targets, precisions=compared, device="cpu")  # the CPU stands in
+    m = measure(steps, device="cpu", repeat=2, warmup=1, saved_tensors=True, labels={"fp32": "fp32 (ieee)"})
+    assert [row["variant"] for row in m.rows()] == ["fp32 (ieee)", "tf32", "bf16", "fp16"]
+    assert m["tf32"].saved_bytes == m["fp32"].saved_bytes  # TF32 keeps float32 storage
+    for name in ("bf16", "fp16"):
+        assert "tf32" in m.conclusion(name, against="tf32") and m.time_ratio(name, against="tf32") > 0
+
+
+def test_precision_steps_refuse_tf32_where_there_is_none():
+    model, inputs, targets = MLP(64, (16,), 10), torch.randn(8, 64), torch.randint(0, 10, (8,))
+    with pytest.raises(ValueError, match="precisions names 'tf32', but no TF32 on cpu"):
+        precision_steps(model, inputs, targets, precisions=["fp32", "tf32"], device="cpu")
+
+
+def test_in_fp32_precision_restores_the_setting_even_when_the_step_fails():
+    from helpers import compat
+    from helpers.loop import in_fp32_precision
+
+    before = compat.fp32_precision()
+
+    def failing():
+        assert compat.fp32_precision() == {"matmul": "tf32", "conv": "tf32"}
+        raise RuntimeError("the step failed")
+
+    with pytest.raises(RuntimeError, match="the step failed"):
+        in_fp32_precision(failing, "tf32")()
+    assert compat.fp32_precision() == before
+    assert in_fp32_precision(lambda: 7, "ieee")() == 7
+    with pytest.raises(ValueError, match="mode must be one of"):
+        in_fp32_precision(failing, "bf16")
+
+
+def test_precision_steps_with_accumulation_make_one_step_from_micro_batches_holding_less_for_backward():
+    from helpers.memory import saved_peak_bytes
+
+    torch.manual_seed(0)
+    model = MLP(64, (16,), 10)
+    inputs, targets = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    whole = precision_steps(model, inputs, targets, precisions=["fp32"], device="cpu")["fp32"]
+    micro = precision_steps(model, inputs, targets, precisions=["fp32"], device="cpu", accumulation_steps=4)["fp32"]
+    done = micro()
+    assert (done.micro_batches, done.optimizer_steps, done.samples) == (4, 1, 8)
+    whole()
+    trained = [step.args[0] for step in (whole, micro)]  # the copies each step trains (train_epoch's model)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*(m.parameters() for m in trained)))
+    assert saved_peak_bytes(micro) < saved_peak_bytes(whole)
+    with pytest.raises(ValueError, match="accumulation_steps must be"):
+        precision_steps(model, inputs, targets, precisions=["fp32"], device="cpu", accumulation_steps=0)

@@ -2,9 +2,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from matplotlib.figure import Figure
 
-from helpers.plots import LivePlot, bar_chart, confusion_matrix_plot, line_chart
+from helpers.plots import LivePlot, bar_chart, confusion_matrix_plot, line_chart, measurement_chart, speedup_chart
+from helpers.rig import Measurement, Result
 
 
 def test_live_plot_accumulates_rows_outside_jupyter():
@@ -134,3 +136,45 @@ def test_image_grid_lays_out_titled_images_in_rows():
         image_grid({})
     with pytest.raises(ValueError, match="columns"):
         image_grid(pairs, columns=0)
+
+
+def _fixed(seconds_a, seconds_b) -> Measurement:
+    return Measurement(
+        torch.device("cpu"), {"a": Result("a", seconds_a), "b": Result("b", seconds_b)}, baseline="a", unit="batch"
+    )
+
+
+def test_chart_draws_memory_in_the_largest_values_binary_unit():
+    import matplotlib.pyplot as plt
+
+    measured = _fixed([0.001, 0.002, 0.003], [0.002, 0.004, 0.006])
+    measured["a"].saved_bytes, measured["b"].saved_bytes = 68608, 17152  # 67.00 KiB and 16.75 KiB
+    figure = measurement_chart(measured)
+    memory = figure.axes[1]
+    assert memory.get_ylabel() == "saved for backward, KiB"
+    assert [bar.get_height() for bar in memory.patches] == pytest.approx([67.0, 16.75])
+    assert [text.get_text() for text in memory.texts] == ["67.00 KiB", "16.75 KiB"]
+    plt.close(figure)
+
+
+def _measurement() -> Measurement:
+    results = {
+        "plain": Result("plain", [1.0, 1.0, 1.0, 1.0]),
+        "fast": Result("fast", [0.5, 0.4, 0.5, 0.5]),  # per-round time ratios 0.5, 0.4, 0.5, 0.5
+    }
+    return Measurement(torch.device("cpu"), results, "plain", unit="image")
+
+
+def test_speedup_chart_draws_throughput_relative_to_the_baseline():
+    figure = speedup_chart(_measurement(), notes={"fast": "acc 0.95"})
+    assert isinstance(figure, Figure)
+    ax = figure.axes[0]
+    heights = [bar.get_height() for bar in ax.patches]
+    assert heights == pytest.approx([1.0, 2.0])  # 1 / the median time ratio
+    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["plain", "fast\nacc 0.95"]
+    assert "images per second" in ax.get_ylabel()
+
+
+def test_speedup_chart_refuses_notes_for_variants_not_measured():
+    with pytest.raises(ValueError, match="slow"):
+        speedup_chart(_measurement(), notes={"slow": "acc 0.1"})

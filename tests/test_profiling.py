@@ -4,13 +4,11 @@ import time
 
 import pytest
 import torch
-from matplotlib.figure import Figure
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEventAvg
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from helpers.profiling import compile_ready, seconds_by_label
-from helpers.rig import Measurement, Result
 
 
 @pytest.fixture(scope="module")
@@ -104,26 +102,3 @@ def test_compile_ready_reports_why_compilation_failed():
     assert compile_ready("cpu", compile_fn=lambda fn: fn)[0]  # a "compiler" that returns the function as it is
     ok, why = compile_ready("cpu", compile_fn=lambda fn: lambda x: fn(x) + 1)
     assert not ok and "wrong result" in why
-
-
-def _measurement() -> Measurement:
-    results = {
-        "plain": Result("plain", [1.0, 1.0, 1.0, 1.0]),
-        "fast": Result("fast", [0.5, 0.4, 0.5, 0.5]),  # per-round time ratios 0.5, 0.4, 0.5, 0.5
-    }
-    return Measurement(torch.device("cpu"), results, "plain", unit="image")
-
-
-def test_speedup_chart_draws_throughput_relative_to_the_baseline():
-    figure = _measurement().speedup_chart(notes={"fast": "acc 0.95"})
-    assert isinstance(figure, Figure)
-    ax = figure.axes[0]
-    heights = [bar.get_height() for bar in ax.patches]
-    assert heights == pytest.approx([1.0, 2.0])  # 1 / the median time ratio
-    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["plain", "fast\nacc 0.95"]
-    assert "images per second" in ax.get_ylabel()
-
-
-def test_speedup_chart_refuses_notes_for_variants_not_measured():
-    with pytest.raises(ValueError, match="slow"):
-        _measurement().speedup_chart(notes={"slow": "acc 0.1"})

@@ -35,10 +35,10 @@ from torch.utils.data import Subset
 
 from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
 from helpers.devices import cpu_name, keep_freed_memory, num_threads, seed_everything
-from helpers.loop import autocast_context, precisions_for, train_epoch
+from helpers.loop import autocast_context, precision_steps, precisions_for, train_epoch
 from helpers.models import MLP, SmallCNN, deep_linear_stack
 from helpers.progress import progress_bar
-from helpers.rig import Measurement, measure, precision_steps
+from helpers.rig import Measurement, measure
 from helpers.sizes import sizes_for
 from helpers.timing import format_table, time_call
 
