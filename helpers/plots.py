@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -12,9 +12,6 @@ from matplotlib.figure import Figure
 from .memory import format_bytes
 from .progress import in_notebook
 from .timing import quartiles
-
-if TYPE_CHECKING:
-    from .rig import Measurement
 
 
 class LivePlot:
@@ -275,8 +272,9 @@ def data_parallel_timeline() -> Figure:
     return figure
 
 
-def measurement_chart(measurement: Measurement, title: str = "") -> Figure:
-    """Bars of the median time per unit (whiskers: the middle half) and, where metered, of the memory."""
+def measurement_chart(measurement: Any, title: str = "") -> Figure:
+    """Bars of the median time per unit (whiskers: the middle half) and, where metered, of the memory, of a
+    helpers.rig.Measurement (not imported here: the rig draws through plots, not the reverse)."""
     memory = [("saved for backward", "saved_bytes"), ("CUDA step peak", "cuda_peak_bytes")]
     memory = [(label, key) for label, key in memory if getattr(measurement[measurement.baseline], key) is not None]
     figure, axes = plt.subplots(1, 1 + len(memory), figsize=(4.5 * (1 + len(memory)), 3.4), layout="constrained")
@@ -304,7 +302,7 @@ def measurement_chart(measurement: Measurement, title: str = "") -> Figure:
     return figure
 
 
-def speedup_chart(measurement: Measurement, *, notes: Mapping[str, str] | None = None, title: str = "") -> Figure:
+def speedup_chart(measurement: Any, *, notes: Mapping[str, str] | None = None, title: str = "") -> Figure:
     """Bars of each variant's throughput relative to the baseline (baseline time / its time, median of the
     rounds), whiskers for the middle half of the per-round ratios, and an optional note under each label."""
     notes = dict(notes or {})
