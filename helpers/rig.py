@@ -28,6 +28,7 @@ from .timing import (
     middle_half,
     ratio_quartiles,
     time_interleaved,
+    verdict,
 )
 
 
@@ -75,6 +76,11 @@ class Measurement:
         """What this run showed about name's time against `against` (the baseline by default), in words."""
         other = self.baseline if against is None else against
         return compare(self.label(name), self[name].seconds, self.label(other), self[other].seconds)
+
+    def verdict(self, name: Hashable, against: Hashable | None = None) -> str | None:
+        """'faster' or 'slower' when this run showed name's time against `against` (the baseline), else None."""
+        other = self.baseline if against is None else against
+        return verdict(self[name].seconds, self[other].seconds)
 
     def conclusions(self) -> list[str]:
         """One sentence per variant against the baseline."""

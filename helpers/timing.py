@@ -4,6 +4,7 @@ training; `helpers.rig` builds the course's measurements on top of it."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -114,7 +115,11 @@ def ratio_quartiles(numerator: list[float], denominator: list[float]) -> tuple[f
     return quartiles(_pairwise_ratios(numerator, denominator))
 
 
-MIN_ROUNDS = 3  # fewer interleaved rounds than this have no middle half worth the name
+# A direction needs the rounds to agree beyond chance: with n rounds of which k favour one side, the chance of k
+# or more under "no difference" (each round a coin toss) must be at most SIGN_TEST_LEVEL. So 5 rounds all agreeing
+# are the fewest that can tell (2**-5 = 0.03); 8 rounds may have one round the other way, 10 rounds one too.
+SIGN_TEST_LEVEL = 0.05
+MIN_ROUNDS = 5  # fewer interleaved rounds than this cannot pass the sign test, however they fall
 
 
 def middle_half(seconds: list[float], *, scale: float = 1e3, digits: int = 3) -> str:
@@ -129,23 +134,48 @@ def middle_half(seconds: list[float], *, scale: float = 1e3, digits: int = 3) ->
     return f"{scale * first:.{digits}f}-{scale * third:.{digits}f}"
 
 
+def sign_test(favouring: int, rounds: int) -> float:
+    """The chance that `favouring` or more of `rounds` coin tosses land one way: how likely the rounds would agree
+    this much if there were no difference at all."""
+    return sum(math.comb(rounds, k) for k in range(favouring, rounds + 1)) / 2**rounds
+
+
+def verdict(seconds_a: list[float], seconds_b: list[float]) -> str | None:
+    """'faster' or 'slower' when one interleaved run showed a's time against b's, else None.
+
+    A direction needs both: the whole middle half of the per-round ratios a/b on one side of 1, and the rounds
+    agreeing beyond chance (the sign test at SIGN_TEST_LEVEL: at least MIN_ROUNDS rounds, nearly all one way)."""
+    ratios = _pairwise_ratios(seconds_a, seconds_b)
+    low, high = quartiles(ratios)
+    below, above = sum(r < 1 for r in ratios), sum(r > 1 for r in ratios)
+    if high < 1 and sign_test(below, len(ratios)) <= SIGN_TEST_LEVEL:
+        return "faster"
+    if low > 1 and sign_test(above, len(ratios)) <= SIGN_TEST_LEVEL:
+        return "slower"
+    return None
+
+
 def compare(name_a: str, seconds_a: list[float], name_b: str, seconds_b: list[float]) -> str:
     """What one interleaved run showed about a's time against b's, as a sentence built from the measured ratios.
 
-    a counts as faster only when the whole middle half of the per-round ratios a/b lies below 1, slower
-    only when it lies above 1, and only from at least MIN_ROUNDS rounds; otherwise the run did not tell
-    them apart. So the text never states a
-    conclusion the run itself did not show.
+    a counts as faster or slower only when `verdict` says so; otherwise the run did not tell them apart, and the
+    sentence says why. So the text never states a conclusion the run itself did not show. Ratios get three
+    decimals, enough to read a small difference.
     """
     ratio, (low, high) = median_ratio(seconds_a, seconds_b), ratio_quartiles(seconds_a, seconds_b)
-    measured = f"time ratio {ratio:.2f}, middle half {low:.2f}-{high:.2f}, {len(seconds_a)} rounds"
-    if len(seconds_a) < MIN_ROUNDS:
-        return f"{name_a} and {name_b} were not told apart: too few rounds to judge ({measured})"
-    if high < 1:
-        return f"{name_a} was faster than {name_b} ({measured})"
-    if low > 1:
-        return f"{name_a} was slower than {name_b} ({measured})"
-    return f"{name_a} and {name_b} were not told apart: the middle half of the ratios spans 1 ({measured})"
+    ratios = _pairwise_ratios(seconds_a, seconds_b)
+    below = sum(r < 1 for r in ratios)
+    measured = f"time ratio {ratio:.3f}, middle half {low:.3f}-{high:.3f}, {below} of {len(ratios)} rounds below 1"
+    found = verdict(seconds_a, seconds_b)
+    if found:
+        return f"{name_a} was {found} than {name_b} ({measured})"
+    if len(ratios) < MIN_ROUNDS:
+        why = f"too few rounds to judge, at least {MIN_ROUNDS} are needed"
+    elif low <= 1 <= high:
+        why = "the middle half of the ratios spans 1"
+    else:
+        why = "the rounds disagree too often to rule out chance"
+    return f"{name_a} and {name_b} were not told apart: {why} ({measured})"
 
 
 def _default_format(value) -> str:

@@ -117,15 +117,32 @@ def test_middle_half_is_the_quartiles_of_the_times_in_ms():
         middle_half([])
 
 
-def test_compare_states_only_what_the_middle_half_shows():
-    assert compare("a", [1, 1, 1], "b", [2, 2, 2]).startswith("a was faster than b (time ratio 0.50")
-    assert compare("a", [2, 2, 2], "b", [1, 1, 1]).startswith("a was slower than b")
+def test_compare_states_only_what_the_middle_half_and_the_sign_test_show():
+    assert compare("a", [1] * 5, "b", [2] * 5).startswith("a was faster than b (time ratio 0.500")
+    assert compare("a", [2] * 5, "b", [1] * 5).startswith("a was slower than b")
     # the median ratio is below 1, but the middle half spans 1: no conclusion
-    assert "not told apart" in compare("a", [0.5, 0.9, 1.5], "b", [1, 1, 1])
+    assert "the middle half of the ratios spans 1" in compare("a", [0.5, 0.9, 1.5, 0.8, 1.2], "b", [1] * 5)
     with pytest.raises(ValueError, match="equally long"):
         compare("a", [1, 2], "b", [1])
-    # one or two rounds are too few, however clear they look
-    assert "too few rounds" in compare("a", [1], "b", [2]) and "too few rounds" in compare("a", [1, 1], "b", [2, 2])
+    # four rounds are too few, however clear they look: all four one way happens by chance 1 time in 16
+    assert "too few rounds to judge, at least 5" in compare("a", [1] * 4, "b", [2] * 4)
+    # 7 of 8 rounds one way pass (p = 0.035); 6 of 7 do not (p = 0.0625), although the middle half is clear of 1
+    assert compare("a", [0.9] * 7 + [1.1], "b", [1] * 8).startswith("a was faster")
+    assert "the rounds disagree too often" in compare("a", [0.9] * 6 + [1.1], "b", [1] * 7)
+    assert "7 of 8 rounds below 1" in compare("a", [0.9] * 7 + [1.1], "b", [1] * 8)
+
+
+def test_a_small_ratio_is_printed_with_enough_digits_to_read_it():
+    assert "time ratio 0.995" in compare("a", [0.995] * 5, "b", [1] * 5)
+
+
+@pytest.mark.parametrize(
+    ("favouring", "rounds", "chance"), [(5, 5, 1 / 32), (4, 5, 6 / 32), (7, 8, 9 / 256), (0, 3, 1.0)]
+)
+def test_sign_test_is_the_binomial_tail(favouring, rounds, chance):
+    from helpers.timing import sign_test
+
+    assert sign_test(favouring, rounds) == pytest.approx(chance)
 
 
 @pytest.mark.parametrize("timer", ["time_call", "time_interleaved"])
