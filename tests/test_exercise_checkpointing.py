@@ -1,6 +1,7 @@
 """The checkpointed-forward exercise gives each kind of mistake its own hint."""
 
 import pytest
+import torch
 from torch.utils.checkpoint import checkpoint
 
 from helpers.exercises.checkpointing import check_checkpointed_forward
@@ -30,15 +31,61 @@ def forward_without_the_short_last_group(stack, x, every):
     return x
 
 
-@pytest.mark.parametrize(
-    "wrong, hint",
-    [
-        (forward_reentrant, "the output needs no gradient: with use_reentrant=True"),
-        (forward_grouped_by_modules, "a block is two modules"),
-        (forward_every_block, "you checkpointed every block"),
-        (forward_without_the_short_last_group, "the output differs from a plain run"),
-    ],
-)
+def forward_under_no_grad(stack, x, every):
+    with torch.no_grad():  # to save memory, as for evaluation: but then nothing trains
+        for start in range(0, len(stack), 2 * every):
+            x = checkpoint(stack[start : start + 2 * every], x, use_reentrant=False)
+    return x
+
+
+def forward_detached_between_groups(stack, x, every):
+    for start in range(0, len(stack), 2 * every):
+        x = checkpoint(stack[start : start + 2 * every], x, use_reentrant=False).detach().requires_grad_()
+    return x
+
+
+def forward_not_checkpointed(stack, x, every):
+    return stack(x)
+
+
+def forward_one_checkpoint_for_the_stack(stack, x, every):
+    return checkpoint(stack, x, use_reentrant=False)
+
+
+WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
+    (forward_reentrant, "the output needs no gradient: with use_reentrant=True"),
+    (forward_grouped_by_modules, "a block is two modules"),
+    (forward_every_block, "you checkpointed every block"),
+    (forward_without_the_short_last_group, "the output differs from a plain run"),
+    (forward_under_no_grad, r"the output needs no gradient: the forward ran without autograd \(torch.no_grad"),
+    (forward_detached_between_groups, "the graph was cut between groups"),
+    (forward_not_checkpointed, "as many as a plain run: nothing was checkpointed"),
+    (forward_one_checkpoint_for_the_stack, "one checkpoint over the whole stack keeps 1 activation"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", WRONG)
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_checkpointed_forward(wrong)
+
+
+def forward_over_a_list_of_modules(stack, x, every):
+    modules = list(stack)
+
+    def run(inputs, group):
+        for module in group:
+            inputs = module(inputs)
+        return inputs
+
+    for start in range(0, len(modules), 2 * every):
+        x = checkpoint(run, x, modules[start : start + 2 * every], use_reentrant=False)
+    return x
+
+
+RIGHT = [forward_over_a_list_of_modules]
+
+
+@pytest.mark.parametrize("right", RIGHT)
+def test_other_right_answers_pass(right):
+    assert check_checkpointed_forward.check(right).startswith("✓ checkpointed_forward: plain gradients")

@@ -64,21 +64,60 @@ def records_a_graph(model, image):
     return int(probabilities.argmax()), float(probabilities.max())
 
 
-@pytest.mark.parametrize(
-    "wrong, hint",
-    [
-        (forgets_eval, "call model.eval"),
-        (leaves_eval_mode_on, "left it in eval mode"),
-        (always_back_to_train_mode, "left it in train mode"),
-        (returns_the_logit, "largest logit, not a probability"),
-        (softmax_over_the_batch, "softmax ran over the batch dimension"),
-        (without_a_batch_dimension, "image.unsqueeze.0."),
-        (records_a_graph, "recorded a graph"),
-    ],
-)
+def returns_log_probabilities(model, image):
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        log_probabilities = model(image.unsqueeze(0)).log_softmax(dim=1)[0]  # as cross_entropy computes them
+    model.train(was_training)
+    return int(log_probabilities.argmax()), float(log_probabilities.max())
+
+
+def probability_first(model, image):
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        probabilities = model(image.unsqueeze(0)).softmax(dim=1)[0]
+    model.train(was_training)
+    return float(probabilities.max()), int(probabilities.argmax())  # the pair in the wrong order
+
+
+WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
+    (forgets_eval, "call model.eval"),
+    (leaves_eval_mode_on, "left it in eval mode"),
+    (always_back_to_train_mode, "left it in train mode"),
+    (returns_the_logit, "largest logit, not a probability"),
+    (softmax_over_the_batch, "softmax ran over the batch dimension"),
+    (without_a_batch_dimension, "image.unsqueeze.0."),
+    (records_a_graph, "recorded a graph"),
+    (returns_log_probabilities, "log-probabilities .log_softmax."),
+    (probability_first, r"return \(class, probability\), in that order"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", WRONG)
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_predict(wrong)
+
+
+def under_no_grad_returning_tensors(model, image):
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            probability, label = model(image[None]).softmax(dim=-1).max(dim=-1)
+    finally:
+        model.train(was_training)
+    return label[0], probability[0]  # 0-dim tensors: int() and float() read them
+
+
+RIGHT = [under_no_grad_returning_tensors]
+
+
+@pytest.mark.parametrize("right", RIGHT)
+def test_other_right_answers_pass(right):
+    assert check_predict.check(right).startswith("✓ predict gave one batched eval-mode pass's answers")
 
 
 def test_the_check_leaves_the_global_random_state_alone():

@@ -50,19 +50,101 @@ def compares_with_the_previous_epoch(val_losses, patience, min_delta=0.0):
     return best_epoch, len(val_losses)
 
 
-@pytest.mark.parametrize(
-    "wrong, hint",
-    [
-        (ties_count_as_better, "an equal loss is no improvement"),
-        (counts_from_zero, "Epochs count from 1"),
-        (waits_one_epoch_too_long, "epoch - best_epoch >= patience"),
-        (ignores_min_delta, "gains smaller than min_delta do not count"),
-        (compares_with_the_previous_epoch, "not with the previous epoch's"),
-    ],
-)
+def relative_min_delta(val_losses, patience, min_delta=0.0):
+    best_epoch, best = 1, val_losses[0]
+    for epoch, loss in enumerate(val_losses[1:], start=2):
+        if loss < best * (1 - min_delta):  # min_delta read as a fraction of the best loss
+            best_epoch, best = epoch, loss
+        elif epoch - best_epoch >= patience:
+            return best_epoch, epoch
+    return best_epoch, len(val_losses)
+
+
+def counter_never_reset(val_losses, patience, min_delta=0.0):
+    best_epoch, best, bad_epochs = 1, val_losses[0], 0
+    for epoch, loss in enumerate(val_losses[1:], start=2):
+        if loss < best - min_delta:
+            best_epoch, best = epoch, loss  # bad_epochs = 0 forgotten
+        else:
+            bad_epochs += 1
+            if bad_epochs >= patience:
+                return best_epoch, epoch
+    return best_epoch, len(val_losses)
+
+
+def best_of_all_the_losses(val_losses, patience, min_delta=0.0):
+    stop = reference_early_stopping(val_losses, patience, min_delta)[1]
+    return val_losses.index(min(val_losses)) + 1, stop  # an epoch after the stop may be chosen
+
+
+def last_epoch_off_by_one(val_losses, patience, min_delta=0.0):
+    best_epoch, best = 1, val_losses[0]
+    for epoch, loss in enumerate(val_losses[1:], start=2):
+        if loss < best - min_delta:
+            best_epoch, best = epoch, loss
+        elif epoch - best_epoch >= patience:
+            return best_epoch, epoch
+    return best_epoch, len(val_losses) - 1  # the index of the last loss, not its epoch
+
+
+WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
+    (ties_count_as_better, "an equal loss is no improvement"),
+    (counts_from_zero, "Epochs count from 1"),
+    (waits_one_epoch_too_long, "epoch - best_epoch >= patience .you stopped one epoch late"),
+    (ignores_min_delta, "gains smaller than min_delta do not count"),
+    (compares_with_the_previous_epoch, "not with the previous epoch's"),
+    (relative_min_delta, r"losses \[0.05, .*min_delta is an amount of loss, not a fraction of the best"),
+    (counter_never_reset, "reset your count of epochs without improvement"),
+    (best_of_all_the_losses, "the best epoch is the best of the epochs that ran"),
+    (last_epoch_off_by_one, "the stop epoch is the last one: len.val_losses."),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", WRONG)
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_early_stopping(wrong)
+
+
+def with_a_counter(val_losses, patience, min_delta=0.0):
+    best_epoch, best, bad_epochs = 1, val_losses[0], 0
+    for epoch, loss in enumerate(val_losses[1:], start=2):
+        if loss < best - min_delta:
+            best_epoch, best, bad_epochs = epoch, loss, 0
+        else:
+            bad_epochs += 1
+            if bad_epochs == patience:
+                return best_epoch, epoch
+    return best_epoch, len(val_losses)
+
+
+def from_infinity(val_losses, patience, min_delta=0.0):
+    best_epoch, best = 0, float("inf")
+    for epoch, loss in enumerate(val_losses, start=1):
+        if best - loss > min_delta:
+            best_epoch, best = epoch, loss
+        elif epoch - best_epoch >= patience:
+            return best_epoch, epoch
+    return best_epoch, len(val_losses)
+
+
+RIGHT = [with_a_counter, from_infinity]
+
+
+@pytest.mark.parametrize("right", RIGHT)
+def test_other_right_answers_pass(right):
+    assert check_early_stopping.check(right).startswith("✓ early_stopping gave the expected epochs")
+
+
+def test_the_far_from_one_cases_tell_an_absolute_min_delta_from_a_relative_one():
+    """Near 1 a gain of min_delta and a gain of min_delta * best are alike; near 0.05 and near 100 they are not."""
+    from helpers.exercises.loop import ABSOLUTE_HINT, CASES
+
+    far = [case for case, _, hint in CASES if hint == ABSOLUTE_HINT]
+    assert {round(case[0][0]) for case in far} == {0, 100}
+    for case in far:
+        assert relative_min_delta(*case) != reference_early_stopping(*case)
+        assert ignores_min_delta(*case) != relative_min_delta(*case)  # and the hint names which mistake it was
 
 
 def test_with_min_delta_zero_the_reference_is_the_lessons_rule():

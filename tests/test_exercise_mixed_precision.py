@@ -115,25 +115,28 @@ def step_zeroing_first(model, optimizer, scaler, inputs, targets, dtype, max_nor
     scaler.update()
 
 
-@pytest.mark.parametrize(
-    "wrong, hint",
-    [
-        (step_inside_autocast, "ran inside autocast"),
-        (step_without_zero_grad, "with bf16 .no scaling. the weights differ.*zero_grad"),
-        (step_clipping_scaled_gradients, "bf16 matches but fp16 does not.*clipped while still scaled"),
-        (step_calling_optimizer_step, "overflowed .*became NaN: optimizer.step.. stepped anyway.*scaler.step"),
-        (step_without_update, "refused a second step: call scaler.update"),
-        (step_without_clipping, "with bf16 .no scaling. the weights differ.*unclipped step"),
-        (step_without_scaling_the_loss, "bf16 matches but fp16 does not: the loss was not scaled"),
-        (step_unscaling_after_clipping, "bf16 matches but fp16 does not.*unscale_.optimizer. BEFORE clipping"),
-    ],
-)
+WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
+    (step_inside_autocast, "ran inside autocast"),
+    (step_without_zero_grad, "with bf16 .no scaling. the weights differ.*zero_grad"),
+    (step_clipping_scaled_gradients, "bf16 matches but fp16 does not.*clipped while still scaled"),
+    (step_calling_optimizer_step, "overflowed .*became NaN: optimizer.step.. stepped anyway.*scaler.step"),
+    (step_without_update, "refused a second step: call scaler.update"),
+    (step_without_clipping, "with bf16 .no scaling. the weights differ.*unclipped step"),
+    (step_without_scaling_the_loss, "bf16 matches but fp16 does not: the loss was not scaled"),
+    (step_unscaling_after_clipping, "bf16 matches but fp16 does not.*unscale_.optimizer. BEFORE clipping"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", WRONG)
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_amp_step(wrong)
 
 
-@pytest.mark.parametrize("right", [reference_amp_step, step_with_backward_inside_autocast, step_zeroing_first])
+RIGHT = [step_with_backward_inside_autocast, step_zeroing_first]
+
+
+@pytest.mark.parametrize("right", [reference_amp_step, *RIGHT])
 def test_right_steps_pass_the_check(right):
     assert check_amp_step.check(right).startswith("✓ my_amp_step gave train_epoch's weights")
 

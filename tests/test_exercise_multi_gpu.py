@@ -47,15 +47,52 @@ def summed_losses(model, inputs, targets, n_devices):
     return total
 
 
-@pytest.mark.parametrize(
-    "wrong, hint",
-    [
-        (plain_mean_over_replicas, "a plain mean over the replicas counts a short piece"),
-        (backward_on_the_model, "`model` now holds gradients"),
-        (per_parameter_tensors, "return one flat vector"),
-        (summed_losses, "backpropagate each piece's mean cross_entropy on its own replica"),
-    ],
-)
+def one_replica_for_all_pieces(model, inputs, targets, n_devices):
+    replica, total = copy.deepcopy(model), 0
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()  # adds to the earlier pieces' .grad
+        total = total + flat_grad(replica) * len(piece_targets)
+    return total / len(targets)
+
+
+def divided_by_the_devices(model, inputs, targets, n_devices):
+    total = 0
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()
+        total = total + flat_grad(replica) * len(piece_targets)
+    return total / n_devices  # weighted by rows, but divided by the replicas instead of the rows
+
+
+WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
+    (plain_mean_over_replicas, "a plain mean over the replicas counts a short piece"),
+    (backward_on_the_model, "`model` now holds gradients"),
+    (per_parameter_tensors, "return one flat vector"),
+    (summed_losses, "backpropagate each piece's mean cross_entropy on its own replica"),
+    (one_replica_for_all_pieces, r"off by up to .* with 32 rows in pieces of \[16, 16\]: .*on its own replica"),
+    (divided_by_the_devices, r"off by up to [0-9.]+e\+00 with 32 rows in pieces of \[16, 16\]"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", WRONG)
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_gradient_from_replicas(wrong)
+
+
+def pieces_cut_by_tensor_split(model, inputs, targets, n_devices):
+    """Other pieces than DataParallel's ([4, 3, 3] for 10 rows), each weighted by its rows: the same gradient."""
+    total = 0
+    for piece_inputs, piece_targets in zip(inputs.tensor_split(n_devices), targets.tensor_split(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets, reduction="sum").backward()
+        total = total + flat_grad(replica)
+    return total / len(targets)
+
+
+RIGHT = [pieces_cut_by_tensor_split]
+
+
+@pytest.mark.parametrize("right", RIGHT)
+def test_other_right_answers_pass(right):
+    assert check_gradient_from_replicas.check(right).startswith("✓ gradient_from_replicas gave the full-batch gradient")

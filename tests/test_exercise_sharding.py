@@ -53,26 +53,43 @@ def test_the_reference_matches_the_lessons_model():
     assert reference_bytes_on_rank([(5, 8)], 4, 3) == 0  # torch.chunk made 3 chunks: the 4th rank holds nothing
 
 
-@pytest.mark.parametrize(
-    "wrong, hint",
-    [
-        (plain_share, "a plain share, rows / world_size"),
-        (floor_rows, "rows // world_size leaves the remainder rows to nobody"),
-        (ceil_rows_everywhere, "the chunks run out"),
-        (balanced_rows, "tensor_split balances the rows"),
-        (negative_past_the_end, "never a negative number"),
-        (elements_not_bytes, "16 bytes per element"),
-        (parameters_only, "16 bytes per element"),
-        (as_text, "return a number of bytes"),
-        (last_rank_like_the_first, "expected"),
-    ],
-)
+WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
+    (plain_share, "a plain share, rows / world_size"),
+    (floor_rows, "rows // world_size leaves the remainder rows to nobody"),
+    (ceil_rows_everywhere, "the chunks run out"),
+    (balanced_rows, "tensor_split balances the rows"),
+    (negative_past_the_end, "never a negative number"),
+    (elements_not_bytes, "16 bytes per element"),
+    (parameters_only, "16 bytes per element"),
+    (as_text, "return a number of bytes"),
+    (last_rank_like_the_first, r"world_size=3, rank=2: expected 47808, got 52976. .*the chunks run out"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", WRONG)
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_bytes_on_rank(wrong)
 
 
-def test_a_right_answer_in_numpy_s_integers_passes():
+def in_numpy_s_integers(shapes, world_size, rank):
     import numpy as np
 
-    check_bytes_on_rank(lambda shapes, world_size, rank: np.int64(reference_bytes_on_rank(shapes, world_size, rank)))
+    return np.int64(reference_bytes_on_rank(shapes, world_size, rank))
+
+
+def by_chunk_bounds(shapes, world_size, rank):
+    held = 0
+    for rows, *rest in shapes:
+        per_rank = math.ceil(rows / world_size)
+        first, last = min(rows, rank * per_rank), min(rows, (rank + 1) * per_rank)
+        held += (last - first) * math.prod(rest)
+    return 4 * 4 * held
+
+
+RIGHT = [in_numpy_s_integers, by_chunk_bounds]
+
+
+@pytest.mark.parametrize("right", RIGHT)
+def test_other_right_answers_pass(right):
+    assert check_bytes_on_rank.check(right).startswith("✓ bytes_on_rank matched torch.chunk's shards")

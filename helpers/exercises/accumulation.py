@@ -4,6 +4,7 @@ and no gradients left behind."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -31,9 +32,14 @@ def reference_accumulation_step(model, optimizer, micro_batches):
     optimizer.zero_grad(set_to_none=True)
 
 
+@functools.cache
+def _digits() -> DigitsDataset:
+    return DigitsDataset("train")  # read once: the check builds micro-batches from it several times
+
+
 def _micro_batches(start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Digits cut into SIZES from `start`, each micro-batch in its own tensors, as a DataLoader delivers them."""
-    digits, bounds = DigitsDataset("train"), [start]
+    digits, bounds = _digits(), [start]
     for size in SIZES:
         bounds.append(bounds[-1] + size)
     return [(digits.images[a:b].clone(), digits.targets[a:b].clone()) for a, b in itertools.pairwise(bounds)]
@@ -72,6 +78,51 @@ def _divided_by_k_step(model, optimizer, micro_batches):
     optimizer.zero_grad(set_to_none=True)
 
 
+def _unweighted_step(model, optimizer, micro_batches):
+    """The micro-batches' mean losses added up as they are: a mistake."""
+    for inputs, targets in micro_batches:
+        F.cross_entropy(model(inputs), targets).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _last_only_step(model, optimizer, micro_batches):
+    """The gradients zeroed before each micro-batch: only the last one's reaches the step (a mistake)."""
+    for inputs, targets in micro_batches:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(inputs), targets).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _parallel(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same direction (whatever the lengths)."""
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 1 - 1e-6
+
+
+def _first_gradient_hint(mine: torch.Tensor, batch: torch.Tensor) -> str:
+    """The hint for a first step whose gradient is not the one-batch gradient: which known mistake it matches."""
+    if _parallel(mine, _two_steps(_last_only_step)[0][0]):
+        return (
+            "only the last micro-batch's gradient reached optimizer.step(): a zero_grad() between micro-batches "
+            "wipes what the earlier backward() calls added; zero the gradients once, after optimizer.step()"
+        )
+    if torch.allclose(mine, _two_steps(_unweighted_step)[0][0], rtol=1e-4, atol=1e-6):
+        return (
+            "the micro-batches' mean losses were added up as they are, so the gradient is several times the "
+            "batch's: weight each by len(targets) / (samples in all micro-batches)"
+        )
+    if _parallel(mine, batch):
+        return (
+            f"the gradient points the right way but is {float(mine.norm() / batch.norm()):.2f}x as long: weight "
+            f"each micro-batch's mean loss by len(targets) / {sum(SIZES)}, all the samples the micro-batches hold"
+        )
+    return (
+        "the first step's gradient is not the one-batch gradient: each micro-batch's mean loss times "
+        "len(targets) / (samples in all micro-batches), then backward()"
+    )
+
+
 @exercise("accumulation_step", reference=reference_accumulation_step)
 def check_accumulation_step(accumulation_step: Callable) -> str:
     """Two calls on micro-batches of SIZES must use the one-batch gradient at one step each, leave no gradients
@@ -89,10 +140,7 @@ def check_accumulation_step(accumulation_step: Callable) -> str:
         f"hint: dividing each loss by k is right only when all micro-batches are equally large; these are {list(SIZES)}: "
         "weight each micro-batch's mean loss by its share of the samples, len(targets) / (samples in all micro-batches)"
     )
-    assert same[0], (
-        "hint: the first step's gradient is not the one-batch gradient: each micro-batch's mean loss times "
-        "len(targets) / (samples in all micro-batches), then backward()"
-    )
+    assert same[0], f"hint: {_first_gradient_hint(mine[0], batch[0])}"
     assert same[1], (
         "hint: the first step was right, the second is off: the first call's gradients added to the second's; "
         "call optimizer.zero_grad(set_to_none=True) after optimizer.step()"
@@ -103,7 +151,8 @@ def check_accumulation_step(accumulation_step: Callable) -> str:
     )
     assert peak <= 1.1 * one_graph, (
         f"hint: the saved-tensor peak was {format_bytes(peak)}, one micro-batch's graph is {format_bytes(one_graph)}: "
-        "call backward() on each micro-batch's loss; summing the losses first keeps every graph alive until the end"
+        "call backward() on each micro-batch's loss in turn; summing the losses first (or one forward pass over all "
+        "the samples) keeps every micro-batch's activations alive until the end"
     )
     diff = max(max_abs_diff(m, b) for m, b in zip(mine, batch))
     return (

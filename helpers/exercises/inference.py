@@ -80,12 +80,19 @@ def check_predict(predict: Callable) -> str:
     model.register_forward_pre_hook(lambda *_: grad_enabled.append(torch.is_grad_enabled()))
 
     got_classes, got_probs = _answers(predict, model, images)  # the model in eval mode
+    assert not (got_probs > 1).any() or not torch.equal(got_probs, got_probs.round()), (
+        "hint: the probabilities are whole numbers above 1, class numbers: return (class, probability), in that order"
+    )
     assert not model.training, (
         "hint: the model was in eval mode and predict left it in train mode: remember was_training = model.training "
         "and put it back with model.train(was_training), not model.train()"
     )
     assert not torch.allclose(got_probs, logits.max(dim=1).values, atol=1e-4), (
         "hint: that is the largest logit, not a probability: apply softmax to the logits first"
+    )
+    assert not (got_probs <= 0).all(), (
+        "hint: every probability is 0 or below: those are log-probabilities (log_softmax); softmax gives the "
+        "probabilities, between 0 and 1"
     )
     assert not torch.allclose(got_probs, torch.ones_like(got_probs)), (
         "hint: every probability is 1: softmax ran over the batch dimension of the [1, 10] logits; use dim=1 "

@@ -52,6 +52,10 @@ def _random_runs(count: int, seed: int = 0) -> list[tuple[list[float], int]]:
 PATIENCE_HINT = (
     "training stops at the first epoch that is `patience` epochs past the best: epoch - best_epoch >= patience"
 )
+ABSOLUTE_HINT = (
+    "min_delta is an amount of loss, not a fraction of the best: an epoch is better only when loss < best - min_delta "
+    "(not best * (1 - min_delta)), whether the losses are near 0.05 or near 100"
+)
 CASES = [  # (losses, patience, min_delta), the expected (best epoch, stop epoch), and the hint when it differs
     (([0.5, 0.6, 0.7, 0.4], 2, 0.0), (1, 3), PATIENCE_HINT + " (here it stops before the late improvement)"),
     (([0.5, 0.6, 0.7, 0.4], 3, 0.0), (4, 4), PATIENCE_HINT),
@@ -77,7 +81,69 @@ CASES = [  # (losses, patience, min_delta), the expected (best epoch, stop epoch
         "compare each loss with the best loss so far, not with the previous epoch's: a slow, steady decline "
         "adds up to gains larger than min_delta",
     ),
+    (
+        ([1.0, 1.1, 0.9, 1.0, 1.0, 1.0], 2, 0.0),
+        (3, 5),
+        "the patience counts the epochs since the best one: after a better epoch, count again from there",
+    ),
+    (([0.05, 0.045, 0.0449, 0.0448, 0.03], 2, 0.01), (1, 3), ABSOLUTE_HINT),  # 1% of 0.05 would count 0.005
+    (([100.0, 99.5, 99.2, 99.0, 98.9], 2, 0.01), (5, 5), ABSOLUTE_HINT),  # and 1% of 100 none of these gains
 ]
+
+
+def _rule(
+    val_losses: Sequence[float],
+    patience: int,
+    min_delta: float,
+    *,
+    better: Callable[[float, float, float], bool] = lambda loss, best, delta: loss < best - delta,
+    against_previous: bool = False,
+    stop_after: Callable[[int, int], bool] = lambda waited, patience: waited >= patience,
+    reset: bool = True,
+    last: int = 0,
+) -> tuple[int, int]:
+    """The reference rule, or one of its typical mistakes: the comparison, what a loss is compared with, when to stop,
+    whether the wait restarts after a better epoch, and the stop epoch when training never stops early (len + last)."""
+    best_epoch, best, waited = 1, val_losses[0], 0
+    for epoch, loss in enumerate(val_losses[1:], start=2):
+        if better(loss, best, min_delta):
+            best_epoch, best, waited = epoch, loss, 0 if reset else waited
+        else:
+            waited += 1
+            if stop_after(waited, patience):
+                return best_epoch, epoch
+        if against_previous:
+            best = loss
+    return best_epoch, len(val_losses) + last
+
+
+def _best_of_all(val_losses: Sequence[float], patience: int, min_delta: float) -> tuple[int, int]:
+    """The right stop, but the best epoch chosen among all the losses, those after the stop too."""
+    _, stop = reference_early_stopping(val_losses, patience, min_delta)
+    return min(range(len(val_losses)), key=lambda i: val_losses[i]) + 1, stop
+
+
+MISTAKES: dict[str, Callable[[Sequence[float], int, float], tuple[int, int]]] = {  # each known mistake by its hint
+    "an equal loss is no improvement: an epoch is better only when loss < best - min_delta (strictly below)": (
+        lambda *case: _rule(*case, better=lambda loss, best, delta: loss <= best - delta)
+    ),
+    PATIENCE_HINT + " (you stopped one epoch late)": lambda *case: _rule(*case, stop_after=lambda w, p: w > p),
+    ABSOLUTE_HINT: lambda *case: _rule(*case, better=lambda loss, best, delta: loss < best * (1 - delta)),
+    "gains smaller than min_delta do not count: an epoch is better only when loss < best - min_delta": (
+        lambda losses, patience, _: _rule(losses, patience, 0.0)
+    ),
+    "compare each loss with the best loss so far, not with the previous epoch's": (
+        lambda *case: _rule(*case, against_previous=True)
+    ),
+    "the patience counts the epochs since the best one: reset your count of epochs without improvement when an "
+    "epoch is better": lambda *case: _rule(*case, reset=False),
+    "when training never stops early, the stop epoch is the last one: len(val_losses)": (
+        lambda *case: _rule(*case, last=-1)
+    ),
+    "the best epoch is the best of the epochs that ran: losses after the stop epoch were never measured": (
+        _best_of_all
+    ),
+}
 
 
 @exercise("early_stopping", reference=reference_early_stopping)
@@ -101,5 +167,8 @@ def check_early_stopping(early_stopping: Callable) -> str:
         assert got != (expected[0] - 1, expected[1] - 1), (
             f"hint: {where}. Epochs count from 1: val_losses[0] is the loss of epoch 1"
         )
+        if got != expected:
+            for known, mistake in MISTAKES.items():
+                assert got != mistake(list(losses), patience, min_delta), f"hint: {where}. {known}"
         assert got == expected, f"hint: {where}. {hint}"
     return f"✓ early_stopping gave the expected epochs in all {len(cases)} cases, {len(cases) - len(CASES)} of them section 4's rule"

@@ -3,9 +3,11 @@ bit-identical to one that never stopped."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -127,9 +129,71 @@ def _stop_and_resume(training_checkpoint: Callable, data: tuple, stop: int, stra
     )
 
 
+class _CrashDuringSave(BaseException):
+    """The check's stand-in for a kill or power cut half-way through torch.save (a BaseException, as
+    KeyboardInterrupt is, so that an `except Exception` in the learner's save does not swallow it)."""
+
+
+@contextlib.contextmanager
+def _crash_half_way_through_torch_save() -> Iterator[list[bool]]:
+    """While inside, torch.save writes the first half of its bytes where it was told, then crashes."""
+    real_save = torch.save
+    crashed: list[bool] = []
+
+    def half_save(obj, f, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as file:
+                file.write(half)
+        else:
+            f.write(half)
+        crashed.append(True)
+        raise _CrashDuringSave
+
+    torch.save = half_save
+    try:
+        yield crashed
+    finally:
+        torch.save = real_save
+
+
+HINT_ATOMIC = (
+    "write to a temporary file in the same folder, flush and os.fsync it, then os.replace(temporary, path): a reader "
+    "then sees the old file or the new one, never half of one"
+)
+
+
+def _interrupted_save(training_checkpoint: Callable) -> None:
+    """Save, crash half-way through a second save, and save again: the file at `path` must load after the crash, and a
+    complete save must put a new file there by a rename, not rewrite the old one in place."""
+    run = _build()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "state.pt"
+        training_checkpoint().save(path, *run, epoch=0, position=0)
+        with _crash_half_way_through_torch_save() as crashed, contextlib.suppress(_CrashDuringSave):
+            training_checkpoint().save(path, *run, epoch=0, position=BATCH)
+        try:
+            torch.load(path, weights_only=True)
+        except Exception:
+            left = "half a file, which does not load," if path.exists() else "no file"
+            raise AssertionError(
+                f"hint: a save interrupted half-way{' through torch.save' if crashed else ''} (as by a crash or a "
+                f"kill) left {left} at path, where the last good checkpoint was: {HINT_ATOMIC}"
+            ) from None
+        before = path.stat().st_ino
+        training_checkpoint().save(path, *run, epoch=0, position=2 * BATCH)
+        assert before == 0 or path.stat().st_ino != before, (  # 0: a file system without inode numbers
+            "hint: save rewrote the file at path in place (the same file, not a new one renamed over it), so a crash "
+            f"during the write leaves half a checkpoint: {HINT_ATOMIC}"
+        )
+
+
 @exercise("TrainingCheckpoint", reference=ReferenceTrainingCheckpoint)
 def check_training_checkpoint(training_checkpoint: Callable) -> str:
-    """Stopped after step 12 (an epoch boundary) and 17 (mid-epoch): resumed, the run ends bit-identical."""
+    """Stopped after step 12 (an epoch boundary) and 17 (mid-epoch): resumed, the run ends bit-identical; and a save
+    that crashes half-way leaves the previous file loadable."""
     digits = DigitsDataset("train")
     data = (digits.images[:SAMPLES], digits.targets[:SAMPLES])
     straight_run = _build()
@@ -137,4 +201,8 @@ def check_training_checkpoint(training_checkpoint: Callable) -> str:
     straight = straight_run[0].state_dict()
     for stop in STOPS:
         _stop_and_resume(training_checkpoint, data, stop, straight)
-    return "✓ TrainingCheckpoint: stopped at an epoch boundary and mid-epoch, resumed runs ended bit-identical"
+    _interrupted_save(training_checkpoint)
+    return (
+        "✓ TrainingCheckpoint: resumed at an epoch end and mid-epoch, bit-identical; a save crashed half-way "
+        "left the old file"
+    )

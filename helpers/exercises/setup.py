@@ -39,8 +39,12 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
+_MOVES = {"to", "copy_", "type_as"}  # calls made to bring a tensor from one device to another: no clash
+
+
 class _MixedDevices(TorchFunctionMode):
-    """Notes every torch call given tensors on two devices (a 0-dim CPU tensor may join any device, as in torch).
+    """Notes every torch call given tensors on two devices (a 0-dim CPU tensor may join any device, as in torch,
+    and `w.to(x)`, `w.type_as(x)`, `out.copy_(w)` move a tensor rather than mix two).
 
     A CPU tensor meets a meta tensor without an error in some ops (matmul among them), so running on `meta` alone
     would not show a tensor that forward made on the CPU; on a GPU the same call raises.
@@ -54,30 +58,94 @@ class _MixedDevices(TorchFunctionMode):
         kwargs = kwargs or {}
         tensors = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         devices = sorted({str(t.device) for t in tensors if t.dim() > 0 or t.device.type != "cpu"})
-        if len(devices) > 1:
+        if len(devices) > 1 and getattr(func, "__name__", None) not in _MOVES:
             self.mixed.append(f"{getattr(func, '__name__', func)} got tensors on {devices}")
         return func(*args, **kwargs)
 
 
 HINT_DEVICE = "make the tensors forward builds where x lives: torch.ones(..., device=x.device, dtype=x.dtype)"
+HINT_LENGTH = (
+    "the weights depend on the length: make them in forward for x.shape[1] (a buffer or parameter made in __init__ "
+    "has one fixed size)"
+)
+HINT_SUPER = "nn.Module's own __init__ never ran: an __init__ of yours must call super().__init__() first"
+LENGTHS = (1, 7, 1025)  # one position, another short length, and longer than nanoGPT's 1024-long mask buffer
+
+
+def _mistakes(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What typical wrong answers give for x, each with its hint."""
+    length = x.shape[1]
+    lower, upper = torch.ones(length, length, dtype=x.dtype).tril(), torch.ones(length, length, dtype=x.dtype).triu()
+    return {
+        "position t averaged the positions from t to the end (triu): the lower triangle (tril) keeps 0..t": (
+            (upper / upper.sum(dim=1, keepdim=True)) @ x
+        ),
+        f"every running sum was divided by the whole length ({length}): divide position t by t + 1, the positions "
+        "so far (each row of the tril matrix by its own sum)": x.cumsum(dim=1) / length,
+        "each column of the tril matrix was divided by its sum: divide each row by its sum, "
+        "weights.sum(dim=1, keepdim=True)": (lower / lower.sum(dim=0, keepdim=True)) @ x,
+    }
+
+
+def _build(RunningMean: Callable[..., Any]) -> nn.Module:
+    """RunningMean(), refused with a hint when it is no module, never ran nn.Module.__init__ or holds parameters."""
+    try:
+        module = RunningMean()
+    except AttributeError as error:  # register_buffer and friends before Module.__init__
+        if "Module.__init__" in str(error):
+            raise AssertionError(f"hint: {HINT_SUPER}") from None
+        raise
+    assert isinstance(module, nn.Module), "hint: RunningMean must be an nn.Module: class RunningMean(nn.Module)"
+    assert "_parameters" in vars(module), f"hint: {HINT_SUPER}"
+    names = [name for name, _ in module.named_parameters()]
+    assert not names, (
+        f"hint: RunningMean holds parameters {names}, which an optimizer would train: the weights follow from the "
+        "length alone; make them in forward"
+    )
+    return module
+
+
+def _fixed_sizes(module: nn.Module) -> list[int]:
+    """The largest dimension of each buffer the module holds (a fixed length, if one is a mask)."""
+    return [max(buffer.shape) for buffer in module.buffers() if buffer.dim() > 0]
 
 
 @exercise("RunningMean", reference=reference_running_mean)
 def check_running_mean(RunningMean: Callable[..., Any]) -> str:
-    """RunningMean()(x) must equal the running mean on the CPU (float32, float64), and run on meta and the best device."""
+    """RunningMean()(x) must equal the running mean on the CPU (float32 at several lengths, float64), leave x as it
+    was, and run on meta and the best device."""
     generator = torch.Generator().manual_seed(0)
-    module = RunningMean()
-    assert isinstance(module, nn.Module), "hint: RunningMean must be an nn.Module: class RunningMean(nn.Module)"
+    module = _build(RunningMean)
     x = torch.randn(2, 6, 3, generator=generator)
+    given = x.clone()
     out = module(x)
-    assert out.shape == x.shape, f"hint: the output keeps the input's shape {tuple(x.shape)}, got {tuple(out.shape)}"
-    assert torch.allclose(out, _running_mean(x), atol=1e-5), (
-        "hint: position t holds the mean of x[:, :t + 1]: a lower-triangular matrix of ones, each row divided by "
-        "its sum, times x"
+    assert torch.equal(x, given), (
+        "hint: forward changed x in place (cumsum_, div_, /=, +=): the caller's tensor must stay as it was; use "
+        "the out-of-place operations (x.cumsum(...), weights @ x)"
     )
+    assert out.shape == x.shape, f"hint: the output keeps the input's shape {tuple(x.shape)}, got {tuple(out.shape)}"
+    if not torch.allclose(out, _running_mean(x), atol=1e-5):
+        for hint, wrong in _mistakes(x).items():
+            assert not torch.allclose(out, wrong, atol=1e-5), f"hint: {hint}"
+        raise AssertionError(
+            "hint: position t holds the mean of x[:, :t + 1]: a lower-triangular matrix of ones, each row divided "
+            "by its sum, times x"
+        )
+    lengths = sorted({*LENGTHS, *(size + 1 for size in _fixed_sizes(module) if size < 4096)})
+    for length in lengths:
+        x_long = torch.randn(1, length, 2, generator=generator)
+        try:
+            out_long = module(x_long)
+        except RuntimeError as error:
+            raise AssertionError(
+                f"hint: right for length 6, but for length {length} forward failed ({str(error)[:80]}); {HINT_LENGTH}"
+            ) from None
+        assert out_long.shape == x_long.shape and torch.allclose(out_long, _running_mean(x_long), atol=1e-5), (
+            f"hint: right for length 6, but wrong for length {length}: {HINT_LENGTH}"
+        )
     x64 = torch.randn(3, 5, 2, generator=generator, dtype=torch.float64)
     try:
-        out64 = RunningMean()(x64)
+        out64 = _build(RunningMean)(x64)
     except RuntimeError as error:
         raise AssertionError(f"hint: on float64 input forward failed ({str(error)[:80]}); {HINT_DEVICE}") from None
     assert out64.dtype == torch.float64 and torch.allclose(out64, _running_mean(x64)), (
@@ -87,7 +155,7 @@ def check_running_mean(RunningMean: Callable[..., Any]) -> str:
     for where in places:
         try:
             with _MixedDevices() as calls:
-                moved = RunningMean().to(where)(x.to(where))
+                moved = _build(RunningMean).to(where)(x.to(where))
         except RuntimeError as error:
             raise AssertionError(f"hint: on {where} forward failed ({str(error)[:80]}); {HINT_DEVICE}") from None
         assert not calls.mixed, f"hint: with x on {where}, {calls.mixed[0]} (on a GPU: an error); {HINT_DEVICE}"
@@ -95,4 +163,7 @@ def check_running_mean(RunningMean: Callable[..., Any]) -> str:
         assert where.type == "meta" or torch.allclose(moved.cpu(), out, atol=1e-5), (
             f"hint: on {where} the values differ"
         )
-    return f"✓ RunningMean gave the running mean in float32 and float64, and ran on {', '.join(map(str, places))}"
+    return (
+        f"✓ RunningMean gave the running mean in float32 (lengths 1 to {lengths[-1]}) and float64, and ran on "
+        f"{', '.join(map(str, places))}"
+    )

@@ -28,7 +28,7 @@ def _parameters(grads: Grads) -> list[nn.Parameter]:
     """Parameters holding copies of `grads` (None: a frozen parameter, without a gradient)."""
     parameters = []
     for grad in grads:
-        parameter = nn.Parameter(torch.zeros(3 if grad is None else grad.shape), requires_grad=grad is not None)
+        parameter = nn.Parameter(torch.ones(3 if grad is None else grad.shape), requires_grad=grad is not None)
         parameter.grad = None if grad is None else grad.clone()
         parameters.append(parameter)
     return parameters
@@ -100,8 +100,25 @@ def check_clip_by_global_norm_(clip_by_global_norm_: Callable) -> str:
     parameters, norm = _parameters(grads), _norm(grads)
     originals = _grads(parameters)
     returned = clip_by_global_norm_(parameters, max_norm)
-    assert returned is not None and abs(float(returned) - norm) <= 1e-5 * norm, (
+    assert returned is not None, f"hint: return the total norm of all gradients measured before clipping ({norm:.4f})"
+    got = float(returned)
+    summed = sum(float(torch.linalg.vector_norm(g)) for g in grads if g is not None)
+    assert not abs(got - summed) <= 1e-5 * summed, (
+        f"hint: you returned {got:.4f}, the sum of the tensors' norms: the norm of all gradients together is "
+        f"sqrt(sum of every squared element), {norm:.4f} (the L2 norm of the per-tensor norms)"
+    )
+    assert not abs(got - norm**2) <= 1e-5 * norm**2, (
+        f"hint: you returned {got:.4f}, the squared norm: take its square root, {norm:.4f}"
+    )
+    assert not abs(got - max_norm) <= 1e-4 * max_norm, (
+        f"hint: you returned {got:.4f}, the norm after clipping: measure the total norm before scaling, and "
+        f"return that ({norm:.4f}), as clip_grad_norm_ does"
+    )
+    assert abs(got - norm) <= 1e-5 * norm, (
         f"hint: return the total norm of all gradients measured before clipping ({norm:.4f}), got {returned!r}"
+    )
+    assert all(torch.equal(p.detach(), torch.ones_like(p)) for p in parameters), (
+        "hint: the parameters themselves changed: scale their gradients, p.grad.mul_(scale), not p or p.data"
     )
     assert not _same(_grads(parameters), grads, exact=True), (
         f"hint: the norm {norm:.2f} is over max_norm={max_norm} but the gradients did not change: scale each p.grad "
@@ -112,6 +129,11 @@ def check_clip_by_global_norm_(clip_by_global_norm_: Callable) -> str:
         "promises (other code may hold the gradient tensors)"
     )
     mine = _grads(parameters)
+    clamped = [None if g is None else g.clamp(-max_norm, max_norm) for g in grads]
+    assert _same(mine, _by_torch(grads, max_norm)) or not _same(mine, clamped), (
+        f"hint: each value was clamped to ±{max_norm}: that is clip_grad_value_; clipping by norm scales every "
+        "gradient by one factor, min(1, max_norm / (total_norm + 1e-6)), keeping the update's direction"
+    )
     assert _same(mine, _by_torch(grads, max_norm)) or not _same(mine, _each_on_its_own(grads, max_norm)), (
         "hint: each tensor was clipped to max_norm on its own; clip_grad_norm_ takes ONE norm over all gradients "
         "together and scales every gradient by the same factor, keeping the update's direction"
