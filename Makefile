@@ -10,7 +10,7 @@ FLOOR_VENV  ?= .venv-floor
 FLOOR_PY    := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: lab test test-newest test-floor test-fast lint bench bench-quick install clean-venv
+.PHONY: lab test test-newest test-floor test-fast lint bench bench-quick install clean-venv site site-gpu-import
 
 # PIP_CONSTRAINT names our constraints file instead of any machine-wide one, which could hold torch back.
 $(STAMP): pyproject.toml constraints/newest.txt
@@ -24,6 +24,12 @@ $(FLOOR_STAMP): pyproject.toml constraints/floor.txt
 	PIP_CONSTRAINT=constraints/floor.txt $(FLOOR_PY) -m pip install --upgrade --quiet pip
 	PIP_CONSTRAINT=constraints/floor.txt $(FLOOR_PY) -m pip install --quiet -e ".[test]"
 	touch $(FLOOR_STAMP)
+
+# The site's tools (pyproject's `site` extra: Sphinx, MyST-NB, Furo) on top, for `make site` and the browser test.
+SITE_STAMP := $(VENV)/.installed-site
+$(SITE_STAMP): $(STAMP)
+	PIP_CONSTRAINT=constraints/newest.txt $(PY) -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[site]"
+	touch $(SITE_STAMP)
 
 # The environment as a named Jupyter kernel, "torch-course (.venv)", which the notebooks ask for by name.
 # It is registered inside .venv (--sys-prefix), so it always points at this environment's Python.
@@ -40,17 +46,17 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP) $(KERNEL)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
-# ruff (lint and format) and mypy over the package and its tests: the first step of `make test`.
+# ruff (lint and format) and mypy over the package, its tests and scripts: the first step of `make test`.
 lint: $(STAMP) $(KERNEL)
-	$(PY) -m ruff check helpers tests conftest.py
-	$(PY) -m ruff format --check helpers tests conftest.py
+	$(PY) -m ruff check helpers tests scripts conftest.py
+	$(PY) -m ruff format --check helpers tests scripts conftest.py
 	$(PY) -m mypy
 
 # The whole suite (unit tests, every notebook, the browser test) on the newest torch, then unit tests and notebooks
 # on the oldest torch pyproject.toml allows. Each half alone: `make test-newest`, `make test-floor`.
 test: lint test-newest test-floor
 
-test-newest: $(STAMP) $(KERNEL)
+test-newest: $(STAMP) $(KERNEL) $(SITE_STAMP)
 	@bash scripts/ensure-chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -61,6 +67,16 @@ test-floor: $(FLOOR_STAMP)
 # The quick check while editing (under a minute on 2 cores): no notebooks, processes, benchmark or browser.
 test-fast: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
+
+# The lessons with their outputs, a static site that opens from disk: build/site/index.html. Executes each notebook
+# whose executed copy in build/executed/ is stale (all twelve the first time: 5-8 minutes on 2 cores), then renders.
+site: $(SITE_STAMP) $(KERNEL)
+	$(PY) scripts/build_site.py build
+
+# A GPU run for the site: executed.tgz from ../shared/gpu/check.sh (its gpu.log beside it) into site/gpu/, to commit.
+site-gpu-import: $(STAMP)
+	@test -n "$(TGZ)" || { echo "usage: make site-gpu-import TGZ=path/to/executed.tgz"; exit 2; }
+	$(PY) scripts/build_site.py import-gpu "$(TGZ)"
 
 # The performance table: `make bench` (under 10 minutes on 2 cores), `make bench-quick` (under one and a half).
 bench: $(STAMP)

@@ -4,12 +4,16 @@ nbval runs every cell but never renders a widget or moves a slider. This test st
 temporary copy of `notebooks/`, opens each notebook in Chromium through Playwright, checks that its
 knobs render, then runs notebook 02 in full, moves a knob, presses Run and checks that every cell below
 ran again with the new value, down to the notebook's last section.
+It also builds the lessons' site (`make site`: scripts/build_site.py) and opens it from disk, with every request
+to anything but a file refused and recorded: the index links every lesson, and each lesson's page shows its plots,
+its ✓ lines and where its GPU run is.
 Screenshots land in `.screenshots/` (git-ignored).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -356,3 +360,185 @@ def test_a_knob_change_reaches_every_section_below(browser, lab):
         session.screenshot("knob-moved")
     finally:
         session.close()
+
+
+# ----------------------------------------------------------------------------------------------------- the site
+
+SITE = ROOT / "build" / "site"
+EXECUTED = ROOT / "build" / "executed"
+GPU_RUNS = ROOT / "site" / "gpu"
+# The first build executes every notebook (5-8 minutes on 2 cores, more on a busy machine); later ones only
+# what changed, and the pages in seconds.
+SITE_BUILD_TIMEOUT_S = 2400
+# A lesson whose page shows no plot yet, and what one would show: an expected failure until its notebook draws one.
+LESSONS_WITHOUT_A_PLOT = {
+    "07_sharded_data_parallel": "07 prints tables only: a rank's bytes under DDP and FSDP, state vs activations",
+}
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    """The site as `make site` builds it: stale notebooks executed again, pages rendered again where they changed."""
+    for module in ("sphinx", "myst_nb", "furo", "nbclient"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed: `make site` (and `make test`) install pyproject's site extra")
+    env = {key: value for key, value in os.environ.items() if key != "MPLBACKEND"}
+    build = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_site.py"), "build"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SITE_BUILD_TIMEOUT_S,
+    )
+    assert build.returncode == 0, f"the site did not build:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}"
+    return SITE
+
+
+class OfflinePage:
+    """One page of the site opened from disk in its own browser context: every request but a file's is refused
+    and recorded, and so is every script error."""
+
+    def __init__(self, browser, path: Path) -> None:
+        self.path = path
+        self.context = browser.new_context(viewport={"width": 1300, "height": 1000})
+        self.context.set_default_timeout(30_000)
+        self.refused: list[str] = []
+        self.errors: list[str] = []
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.goto(path.as_uri())
+        self.page.wait_for_load_state("load")
+
+    def _route(self, route) -> None:
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            self.refused.append(route.request.url)
+            route.abort()
+
+    def article_text(self) -> str:
+        return self.page.locator("article").inner_text()
+
+    def check_offline(self) -> None:
+        self.page.wait_for_timeout(300)  # requests a script starts after the load event
+        assert not self.refused, f"{self.path.name} asked the network for {self.refused}"
+        assert not self.errors, f"{self.path.name} raised script errors: {self.errors}"
+
+    def screenshot(self, label: str) -> None:
+        SCREENSHOTS.mkdir(exist_ok=True)
+        with contextlib.suppress(Exception):
+            self.page.screenshot(path=str(SCREENSHOTS / f"site-{self.path.stem}-{label}.png"))
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def _tick_lines(path: Path) -> list[str]:
+    """The ✓ lines an executed notebook printed (streams, and plain-text results shown as text)."""
+    nb = nbformat.read(path, as_version=4)
+    lines = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                text = output.get("text", "")
+            elif set(output.get("data", {})) == {"text/plain"}:
+                text = output["data"]["text/plain"]
+            else:
+                continue
+            lines += [line.strip() for line in text.splitlines() if line.strip().startswith("✓")]
+    return lines
+
+
+def _check_lesson_page(browser, page_path: Path, executed: Path) -> tuple[str, int]:
+    """Opens one page of a lesson: every ✓ line of its run, plots that load, nothing from the network.
+    Returns the page's text and how many plots it shows."""
+    page = OfflinePage(browser, page_path)
+    try:
+        text = page.article_text()
+        ticks = _tick_lines(executed)
+        assert ticks, f"{executed.name} printed no ✓ line"
+        missing = [line for line in ticks if line not in text]
+        assert not missing, f"{page_path.name} lacks {len(missing)} of its {len(ticks)} ✓ lines, e.g. {missing[:3]}"
+        plots = page.page.locator("article .cell_output img[src$='.png']")
+        for index in range(plots.count()):
+            plots.nth(index).scroll_into_view_if_needed()
+            loaded = plots.nth(index).evaluate("img => img.complete && img.naturalWidth > 100")
+            assert loaded, f"{page_path.name}: plot {index} did not load"
+        page.check_offline()
+        page.screenshot("top")
+        return text, plots.count()
+    finally:
+        page.close()
+
+
+def _check_plots(lesson: str, plots: dict[str, int]) -> None:
+    """At least one plot on each page of the lesson (the CPU run's, and the GPU run's where there is one)."""
+    if lesson in LESSONS_WITHOUT_A_PLOT:
+        assert not any(plots.values()), f"{lesson} draws a plot now: take it out of LESSONS_WITHOUT_A_PLOT"
+        pytest.xfail(LESSONS_WITHOUT_A_PLOT[lesson])
+    bare = [name for name, count in plots.items() if count == 0]
+    assert not bare, f"{bare} show no plot (an <img> of a PNG among the outputs)"
+
+
+def _lessons() -> list[str]:
+    return [path.stem for path in NOTEBOOKS]
+
+
+@pytest.mark.timeout(SITE_BUILD_TIMEOUT_S + 300)
+def test_site_index_links_every_lesson_with_its_study_time(browser, site):
+    page = OfflinePage(browser, site / "index.html")
+    try:
+        links = page.page.locator("article table a")
+        hrefs = {links.nth(i).get_attribute("href") for i in range(links.count())}
+        missing = {f"lessons/{stem}.html" for stem in _lessons()} - hrefs
+        assert not missing, f"the index does not link {sorted(missing)}"
+        rows = page.page.locator("article table tbody tr")
+        assert rows.count() == len(NOTEBOOKS), f"{rows.count()} rows for {len(NOTEBOOKS)} lessons"
+        for index in range(rows.count()):
+            cells = rows.nth(index).locator("td").all_inner_texts()
+            assert len(cells) == 4 and all(cell.strip() for cell in cells), f"an empty cell in row {index}: {cells}"
+        for stem in _lessons():
+            on_gpu = (GPU_RUNS / f"{stem}.ipynb").exists()
+            assert (f"gpu/{stem}.html" in hrefs) == on_gpu, f"the index's GPU column is wrong for {stem}"
+        page.check_offline()
+        page.screenshot("index")
+    finally:
+        page.close()
+
+
+@pytest.mark.timeout(SITE_BUILD_TIMEOUT_S + 300)
+@pytest.mark.parametrize("lesson", _lessons())
+def test_site_lesson_page_shows_its_plots_checks_and_gpu_run(browser, site, lesson):
+    page = site / "lessons" / f"{lesson}.html"
+    text, plots = _check_lesson_page(browser, page, EXECUTED / f"{lesson}.ipynb")
+    assert "A run on a CPU:" in text, "the page does not say which run its outputs come from"
+    gpu_run = GPU_RUNS / f"{lesson}.ipynb"
+    if not gpu_run.exists():
+        assert "no GPU run of this lesson is committed yet" in text
+        _check_plots(lesson, {page.name: plots})
+        return
+    stamp = nbformat.read(gpu_run, as_version=4).metadata["course_site"]
+    assert f"the same lesson run on {stamp['machine']}" in text, "the lesson page does not name its GPU run"
+    gpu_page = site / "gpu" / f"{lesson}.html"
+    gpu_text, gpu_plots = _check_lesson_page(browser, gpu_page, gpu_run)
+    assert f"A run on a GPU: {stamp['machine']}" in gpu_text and stamp["date"] in gpu_text
+    if stamp.get("plots_missing"):  # a run whose kernel drew with MPLBACKEND=Agg: its page says so instead
+        assert stamp["plots_missing"] in gpu_text
+        _check_plots(lesson, {page.name: plots})
+        return
+    _check_plots(lesson, {page.name: plots, f"gpu/{gpu_page.name}": gpu_plots})
+
+
+@pytest.mark.timeout(SITE_BUILD_TIMEOUT_S + 300)
+def test_site_search_page_works_offline(browser, site):
+    """Sphinx's search reads its index from a script file, so it works from disk too."""
+    page = OfflinePage(browser, site / "search.html")
+    try:
+        page.page.goto((site / "search.html").as_uri() + "?q=DataLoader")
+        page.page.wait_for_selector("#search-results li", timeout=30_000)
+        assert page.page.locator("#search-results li").count() >= 1, "searching DataLoader found no page"
+        page.check_offline()
+    finally:
+        page.close()
