@@ -1,18 +1,23 @@
 """Starting ranks on one machine, from a notebook or a test: `launch` (spawned processes) and `run_torchrun`.
 
-    from helpers.processes import launch
-    results = launch(my_module.worker, nprocs=2, args=(seed,))   # worker(rank, world_size, seed)
+    from helpers.processes import import_fresh, launch
+    lesson = import_fresh("lesson_ddp")                          # a module a notebook cell just (re)wrote
+    results = launch(lesson.worker, nprocs=2, args=(seed,))      # worker(rank, world_size, seed)
 
 `launch` starts one process per rank with the spawn start method, gives them a free port and a process
 group with a timeout (helpers.distributed.setup_process_group), and returns what each rank's worker
 returned. If a rank raises, the caller gets a `RankError` with that rank's number and traceback, and
-every other rank is stopped. For scripts, `torchrun` does the same job (see helpers/cli/train_ddp.py);
+every other rank is stopped. The ranks import the worker by name, so it must live in a module; when the
+worker is the lesson, a notebook cell writes that module (`%%writefile lesson_ddp.py`) and `import_fresh`
+imports it as it reads now, so an edited and rerun cell changes what the ranks compute. For scripts, `torchrun` does the same job (see helpers/cli/train_ddp.py);
 `run_torchrun` runs one as a subprocess and stops all its ranks on a timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
 import pickle
 import queue as queue_module
@@ -24,6 +29,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -127,8 +133,31 @@ def _check_worker(worker: Any) -> None:
         raise TypeError(
             f"worker must be a top-level function of an importable module, got {module}.{qualname}: "
             "spawned processes import the worker by name, so a lambda, a nested function or a function "
-            "defined in a notebook cannot reach them; move it into a .py module (e.g. helpers/...)"
+            "defined in a notebook cannot reach them; write it into a module from a cell (`%%writefile "
+            "lesson.py`), then pass import_fresh('lesson').worker"
         )
+
+
+def import_fresh(name: str) -> ModuleType:
+    """Import module `name` as its file reads now: after a notebook cell rewrote it, this process and every rank
+    launched from here run the new text.
+
+    Forgets the module imported before and deletes its cached bytecode: Python trusts a .pyc whose source has the
+    same size and modification second, so an edit written within a second of the last could otherwise go unseen.
+    """
+    if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+        raise ValueError(f"name must be a module name such as 'lesson_ddp', got {name!r}")
+    importlib.invalidate_caches()  # a file written since the last import is found
+    sys.modules.pop(name, None)  # forget the copy imported before the edit
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            f"no module {name!r} on sys.path (from {os.getcwd()}): run the cell that writes {name}.py first",
+            name=name,
+        )
+    with contextlib.suppress(FileNotFoundError, NotImplementedError):
+        os.remove(importlib.util.cache_from_source(spec.origin))  # bytecode compiled from the text before the edit
+    return importlib.import_module(name)
 
 
 def launch(

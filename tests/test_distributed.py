@@ -21,7 +21,7 @@ from helpers.distributed import (
     teardown_process_group,
     world_of_one,
 )
-from helpers.processes import RankError, is_running, launch, run_torchrun, torchrun_command
+from helpers.processes import RankError, import_fresh, is_running, launch, run_torchrun, torchrun_command
 from helpers.workers import common
 from helpers.workers import ddp as workers
 
@@ -157,6 +157,59 @@ def test_launch_rejects_bad_arguments_before_starting_anything(kwargs, error, ma
     arguments = {"worker": workers.describe_rank, "nprocs": 2, **kwargs}
     with pytest.raises(error, match=match):
         launch(arguments.pop("worker"), **arguments)
+
+
+def test_launch_refuses_a_function_defined_in_a_notebook_and_says_how_a_cell_writes_a_module(monkeypatch):
+    import types
+
+    def worker(rank, world_size):
+        return rank
+
+    worker.__module__, worker.__qualname__ = "__main__", "worker"  # as a notebook cell defines it
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # a kernel's __main__: no file
+    with pytest.raises(
+        TypeError, match=r"defined in a notebook cannot reach them; write it into a module .*%%writefile"
+    ):
+        launch(worker, 2)
+
+
+def _write_worker(folder, returns: int) -> None:
+    (folder / "fresh_lesson.py").write_text(f"def worker(rank, world_size):\n    return {returns}\n")
+
+
+def test_import_fresh_sees_an_edit_of_the_same_size_and_modification_time(tmp_path, monkeypatch):
+    """A cell rerun within a second of the last writes a file that a cached .pyc would still claim to match."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # cache bytecode, as Python does by default
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_worker(tmp_path, 1)
+    assert import_fresh("fresh_lesson").worker(0, 1) == 1
+    stamp = (tmp_path / "fresh_lesson.py").stat().st_mtime_ns
+    _write_worker(tmp_path, 2)  # the same size
+    os.utime(tmp_path / "fresh_lesson.py", ns=(stamp, stamp))  # and the same modification time
+    assert list((tmp_path / "__pycache__").iterdir())  # the first text's bytecode, which would still pass for it
+    module = import_fresh("fresh_lesson")
+    assert module.worker(0, 1) == 2 and sys.modules["fresh_lesson"] is module
+
+
+def test_import_fresh_names_the_cell_to_run_and_refuses_a_bad_name(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="no module 'not_written_yet' .* run the cell that writes"):
+        import_fresh("not_written_yet")
+    with pytest.raises(ValueError, match="name must be a module name"):
+        import_fresh("lesson.py/")
+
+
+@pytest.mark.slow
+def test_ranks_run_the_module_as_import_fresh_last_read_it(tmp_path, monkeypatch):
+    """The ranks import the worker's module by name: after an edit and import_fresh, they run the edited text."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # a .pyc of the first text, which the ranks would read
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned ranks start with this process's sys.path
+    _write_worker(tmp_path, 1)
+    import_fresh("fresh_lesson")
+    stamp = (tmp_path / "fresh_lesson.py").stat().st_mtime_ns
+    _write_worker(tmp_path, 2)
+    os.utime(tmp_path / "fresh_lesson.py", ns=(stamp, stamp))
+    assert launch(import_fresh("fresh_lesson").worker, 2, timeout_s=120) == [2, 2]
 
 
 def test_launch_rejects_a_nested_function():

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers import compat
+from helpers.checkpoint import states_equal
 from helpers.distributed import world_of_one
 from helpers.memory import model_state_bytes
 from helpers.processes import launch
@@ -142,6 +143,28 @@ def test_train_steps_of_all_ranks_average_to_one_process_gradient():
     torch.testing.assert_close(torch.stack(parts).mean(0), torch.cat([p.grad.flatten() for p in whole.parameters()]))
     with pytest.raises(ValueError, match="lr must be a positive number"):
         workers.adamw(whole, 0)
+
+
+def test_the_lesson_workers_shard_and_step_with_the_functions_notebook_07_gives_them(tmp_path):
+    """Notebook 07's cell passes its own shard_model and train_steps: every model the workers build goes through them
+    (here a `shard` that leaves the model whole, so this runs on any torch, in a world of one)."""
+    options, steps = [], []
+
+    def shard(model, **kwargs):
+        options.append(kwargs)
+        return model
+
+    def train(model, optimizer, batches, rank=0, world_size=1):
+        steps.append(len(batches))
+        return workers.train_steps(model, optimizer, batches, rank, world_size)
+
+    with world_of_one(timeout_s=60):
+        result = workers.lesson_worker(0, 1, 0, (8,), 2, 4, 1e-2, [((8,), 4)], str(tmp_path), shard=shard, train=train)
+        load = workers.load_worker(0, 1, 0, (8,), 1e-2, str(tmp_path), shard=shard)
+    # parity (FSDP), mixed precision (with its policy), memory (one shape), the save, the load: five models
+    assert len(options) == 5 and [sorted(kwargs) for kwargs in options].count(["mp_policy"]) == 1
+    assert steps == [1, 1, 1, 1, 1, 2]  # DDP and FSDP: 1 step counted, then the rest; mixed precision; the save's 2
+    assert len(result["losses"]) == 2 and states_equal(load["loaded"], result["saved"])
 
 
 @pytest.mark.slow

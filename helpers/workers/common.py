@@ -1,5 +1,6 @@
 """What every rank of notebooks 06 and 07 and the torchrun script share: this rank's device, the seeded course MLP,
-the digits a step uses, and the training run's settings.
+the digits a step uses, and the training run's settings. The modules that notebooks 06 and 07 write from a cell
+(`lesson_ddp.py`, `lesson_fsdp.py`) import from here too.
 
 helpers.workers.ddp (notebook 06's ranks), helpers.workers.fsdp (notebook 07's) and helpers.workers.training (the
 training run of `torchrun -m helpers.cli.train_ddp`) import from here, and never from each other's level up:

@@ -1,19 +1,23 @@
-"""What the ranks of notebook 07 run: FSDP2 (`fully_shard`) beside DDP, their collectives counted, and
-distributed checkpoints. `shard_model` is also what the training run (helpers.workers.training) shards with.
+"""What the ranks of notebook 07 run around the lesson: FSDP2 (`fully_shard`) beside DDP, their collectives
+counted, and distributed checkpoints.
 
-A spawned rank imports its function by name, so these live in a module, never in a notebook.
+The lesson itself, how a model is sharded and the training step, is a cell of notebook 07 that writes the module
+the ranks import (`lesson_fsdp.py`); its workers call the ones here with its own `shard` and `train` functions,
+so an edit in that cell changes what the ranks compute. `shard_model` and `train_steps` below are the same two
+functions for everything else: the defaults of these workers, the tests, and the training run of
+`torchrun -m helpers.cli.train_ddp --strategy fsdp` (helpers.workers.training).
+
 helpers.processes.launch calls each worker as worker(rank, world_size, *args) with the default process
-group already set up. `shard_model` is the whole change FSDP2 asks of a model: `fully_shard` on each block,
-then on the root. `train_steps` is the unchanged training step; `lesson_worker` runs it under DDP and FSDP
-on the same batches, counts what each step sends, and saves a distributed checkpoint (torch.distributed.checkpoint)
-that `load_worker` and `load_checkpoint_here` read back into any number of processes.
+group already set up. `lesson_worker` runs the step under DDP and FSDP on the same batches, counts what each
+step sends, and saves a distributed checkpoint (torch.distributed.checkpoint) that `load_worker` and
+`load_checkpoint_here` read back into any number of processes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,26 +160,41 @@ def adamw(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=lr)
 
 
+Shard = Callable[..., nn.Module]  # shard_model's signature: (model, *, mp_policy=None) -> the sharded model
+Train = Callable[..., list[float]]  # train_steps' signature: (model, optimizer, batches, rank, world_size) -> losses
+
+
 def parity_worker(
-    rank: int, world_size: int, seed: int, hidden: Sequence[int], steps: int, batch_per_rank: int, lr: float
+    rank: int,
+    world_size: int,
+    seed: int,
+    hidden: Sequence[int],
+    steps: int,
+    batch_per_rank: int,
+    lr: float,
+    *,
+    shard: Shard = shard_model,
+    train: Train = train_steps,
 ) -> dict:
-    """DDP and FSDP from the same weights, the same steps on the same batches: shards, bytes, collectives, weights."""
+    """DDP and FSDP from the same weights, the same steps on the same batches: shards, bytes, collectives, weights.
+
+    `shard` shards the FSDP model, `train` takes the steps of both (notebook 07 passes its own)."""
     device = local_device()
     batches = step_batches(seed, steps, world_size * batch_per_rank)
     ddp_calls: list = []
     ddp = DistributedDataParallel(mlp(seed, hidden).to(device), device_ids=ddp_device_ids(device))
     ddp.register_comm_hook(ddp_calls, counting_allreduce_hook)
     ddp_optimizer = adamw(ddp, lr)
-    train_steps(ddp, ddp_optimizer, batches[:1], rank, world_size)
+    train(ddp, ddp_optimizer, batches[:1], rank, world_size)
     first_step_ddp = list(ddp_calls)
-    train_steps(ddp, ddp_optimizer, batches[1:], rank, world_size)
+    train(ddp, ddp_optimizer, batches[1:], rank, world_size)
 
-    fsdp = shard_model(mlp(seed, hidden).to(device))
+    fsdp = shard(mlp(seed, hidden).to(device))
     shards = {name: (tuple(p.shape), tuple(local(p).shape)) for name, p in fsdp.named_parameters()}
     fsdp_optimizer = adamw(fsdp, lr)
     with CollectiveCounter() as counter:
-        losses = train_steps(fsdp, fsdp_optimizer, batches[:1], rank, world_size)
-    losses += train_steps(fsdp, fsdp_optimizer, batches[1:], rank, world_size)
+        losses = train(fsdp, fsdp_optimizer, batches[:1], rank, world_size)
+    losses += train(fsdp, fsdp_optimizer, batches[1:], rank, world_size)
     return {
         "rank": rank,
         "shards": shards,
@@ -192,19 +211,28 @@ def parity_worker(
     }
 
 
-def mixed_precision_worker(rank: int, world_size: int, seed: int, hidden: Sequence[int], batch_per_rank: int) -> dict:
+def mixed_precision_worker(
+    rank: int,
+    world_size: int,
+    seed: int,
+    hidden: Sequence[int],
+    batch_per_rank: int,
+    *,
+    shard: Shard = shard_model,
+    train: Train = train_steps,
+) -> dict:
     """One step under MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the dtypes, the bytes gathered."""
     device = local_device()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    model = shard_model(mlp(seed, hidden).to(device), mp_policy=policy)
+    model = shard(mlp(seed, hidden).to(device), mp_policy=policy)
     optimizer = adamw(model, 1e-3)
     seen: dict[str, torch.dtype] = {}
     block = next(module for module in model.modules() if isinstance(module, nn.Linear))
     block.register_forward_pre_hook(lambda module, args: seen.update(weight=module.weight.dtype, inputs=args[0].dtype))
     with CollectiveCounter() as counter:
-        train_steps(model, optimizer, step_batches(seed, 1, world_size * batch_per_rank), rank, world_size)
+        train(model, optimizer, step_batches(seed, 1, world_size * batch_per_rank), rank, world_size)
     gradient = block.weight.grad
-    assert gradient is not None  # train_steps leaves the last step's gradients in place
+    assert gradient is not None  # the step leaves the last step's gradients in place
     return {
         "computed in": {"weight": seen["weight"], "inputs": seen["inputs"]},
         "stored as": {"parameter shard": local(block.weight).dtype, "gradient shard": local(gradient).dtype},
@@ -212,7 +240,9 @@ def mixed_precision_worker(rank: int, world_size: int, seed: int, hidden: Sequen
     }
 
 
-def memory_worker(rank: int, world_size: int, shapes: Sequence[tuple[Sequence[int], int]]) -> list[dict]:
+def memory_worker(
+    rank: int, world_size: int, shapes: Sequence[tuple[Sequence[int], int]], *, shard: Shard = shard_model
+) -> list[dict]:
     """Per rank, for each (hidden widths, batch per rank): model state held under DDP and FSDP, and activations."""
     device = local_device()
     rows = []
@@ -221,7 +251,7 @@ def memory_worker(rank: int, world_size: int, shapes: Sequence[tuple[Sequence[in
         row: dict[str, Any] = {"hidden": list(hidden), "batch": batch}
         for strategy in ("ddp", "fsdp"):
             model = mlp(0, hidden).to(device)  # the state a DDP rank keeps: whole tensors (the wrapper adds none)
-            model = shard_model(model) if strategy == "fsdp" else model
+            model = shard(model) if strategy == "fsdp" else model
             optimizer = adamw(model, 1e-3)
             with saved_tensors_meter() as meter:  # what autograd keeps for backward: this rank's activations
                 loss = nn.functional.cross_entropy(model(inputs), targets)
@@ -237,10 +267,20 @@ def memory_worker(rank: int, world_size: int, shapes: Sequence[tuple[Sequence[in
 
 
 def save_worker(
-    rank: int, world_size: int, seed: int, hidden: Sequence[int], steps: int, batch_per_rank: int, lr: float, path: str
+    rank: int,
+    world_size: int,
+    seed: int,
+    hidden: Sequence[int],
+    steps: int,
+    batch_per_rank: int,
+    lr: float,
+    path: str,
+    *,
+    shard: Shard = shard_model,
+    train: Train = train_steps,
 ) -> dict:
     """Train a sharded MLP `steps` steps, save it with torch.distributed.checkpoint into `path`; return its state whole."""
-    model, optimizer = trained_fsdp(seed, hidden, steps, batch_per_rank, lr, rank, world_size)
+    model, optimizer = trained_fsdp(seed, hidden, steps, batch_per_rank, lr, rank, world_size, shard=shard, train=train)
     save_sharded(model, optimizer, path)
     return full_state(model, optimizer)
 
@@ -255,13 +295,19 @@ def lesson_worker(
     lr: float,
     shapes: Sequence[tuple[Sequence[int], int]],
     path: str,
+    *,
+    shard: Shard = shard_model,
+    train: Train = train_steps,
 ) -> dict:
-    """parity_worker, mixed_precision_worker, memory_worker and save_worker in one launch (one start-up, not four)."""
+    """parity_worker, mixed_precision_worker, memory_worker and save_worker in one launch (one start-up, not four),
+    every model sharded by `shard` and trained by `train`."""
     return {
-        **parity_worker(rank, world_size, seed, hidden, steps, batch_per_rank, lr),
-        "mixed_precision": mixed_precision_worker(rank, world_size, seed, hidden, batch_per_rank),
-        "memory": memory_worker(rank, world_size, shapes),
-        "saved": save_worker(rank, world_size, seed, hidden, steps, batch_per_rank, lr, path),
+        **parity_worker(rank, world_size, seed, hidden, steps, batch_per_rank, lr, shard=shard, train=train),
+        "mixed_precision": mixed_precision_worker(
+            rank, world_size, seed, hidden, batch_per_rank, shard=shard, train=train
+        ),
+        "memory": memory_worker(rank, world_size, shapes, shard=shard),
+        "saved": save_worker(rank, world_size, seed, hidden, steps, batch_per_rank, lr, path, shard=shard, train=train),
     }
 
 
@@ -269,12 +315,21 @@ def lesson_worker(
 
 
 def trained_fsdp(
-    seed: int, hidden: Sequence[int], steps: int, batch_per_rank: int, lr: float, rank: int, world_size: int
+    seed: int,
+    hidden: Sequence[int],
+    steps: int,
+    batch_per_rank: int,
+    lr: float,
+    rank: int,
+    world_size: int,
+    *,
+    shard: Shard = shard_model,
+    train: Train = train_steps,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A sharded MLP and its AdamW after `steps` steps (the batches of parity_worker)."""
-    model = shard_model(mlp(seed, hidden).to(local_device()))
+    model = shard(mlp(seed, hidden).to(local_device()))
     optimizer = adamw(model, lr)
-    train_steps(model, optimizer, step_batches(seed, steps, world_size * batch_per_rank), rank, world_size)
+    train(model, optimizer, step_batches(seed, steps, world_size * batch_per_rank), rank, world_size)
     return model, optimizer
 
 
@@ -324,9 +379,11 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def load_worker(rank: int, world_size: int, seed: int, hidden: Sequence[int], lr: float, path: str) -> dict:
-    """A fresh sharded model (other weights, no optimizer state) loads the folder; returns its state whole."""
-    model = shard_model(mlp(seed + 1, hidden).to(local_device()))
+def load_worker(
+    rank: int, world_size: int, seed: int, hidden: Sequence[int], lr: float, path: str, *, shard: Shard = shard_model
+) -> dict:
+    """A fresh model sharded by `shard` (other weights, no optimizer state) loads the folder; returns its state whole."""
+    model = shard(mlp(seed + 1, hidden).to(local_device()))
     optimizer = adamw(model, lr)
     before = full_weights(model)
     load_sharded(model, optimizer, path)
