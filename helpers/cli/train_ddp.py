@@ -25,7 +25,8 @@ also allows elastic ranges such as --nnodes=1:4 and restarts with --max_restarts
 
 torchrun gives every process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the script
 reads them through init_process_group("env://"). Run without torchrun it trains as a world of one.
-The training itself is helpers.workers.training.train_ddp, the loop notebook 06 shows (with --strategy
+The training itself is helpers.workers.training.train_ddp, the step notebook 06 writes in a cell and checks against
+this run (with --strategy
 fsdp the same loop on a model sharded by helpers.workers.fsdp.shard_model): only rank 0 logs and writes the checkpoint (the
 bare model's state_dict, without DDP's `module.` prefix; under FSDP the whole model, gathered from
 the shards) and a history.json with one row of metrics per epoch. Either file loads into a plain MLP.
