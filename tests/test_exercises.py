@@ -6,13 +6,17 @@ import pytest
 from helpers.exercises import ENVIRONMENT_VARIABLE, ExerciseNotDone, all_exercises
 
 EXERCISES = all_exercises()
+# Checks that train models for tens of seconds (my_rung trains two runs of several epochs, TrainingCheckpoint
+# trains and resumes one): their full runs count as slow tests; `make test` runs them, `make test-fast` not.
+HEAVY = {"my_rung", "TrainingCheckpoint"}
+NAMES = [pytest.param(name, marks=pytest.mark.slow) if name in HEAVY else name for name in sorted(EXERCISES)]
 
 
 def stub(*args, **kwargs):
     raise NotImplementedError("write it here")
 
 
-@pytest.mark.parametrize("name", sorted(EXERCISES))
+@pytest.mark.parametrize("name", NAMES)
 def test_the_stub_fails_and_says_so(name, monkeypatch):
     monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
     with pytest.raises(ExerciseNotDone, match=f"{name} is still the stub"):
@@ -20,7 +24,7 @@ def test_the_stub_fails_and_says_so(name, monkeypatch):
     assert issubclass(ExerciseNotDone, AssertionError)  # a failed check, as any other
 
 
-@pytest.mark.parametrize("name", sorted(EXERCISES))
+@pytest.mark.parametrize("name", NAMES)
 def test_the_reference_passes_with_one_short_tick_line(name, capsys, monkeypatch):
     monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
     EXERCISES[name](EXERCISES[name].reference)
@@ -28,7 +32,7 @@ def test_the_reference_passes_with_one_short_tick_line(name, capsys, monkeypatch
     assert line.startswith("✓ ") and len(line) <= 120
 
 
-@pytest.mark.parametrize("name", sorted(EXERCISES))
+@pytest.mark.parametrize("name", NAMES)
 def test_headless_runs_check_the_reference_through_the_same_check(name, capsys, monkeypatch):
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, "reference")
     EXERCISES[name](stub)
