@@ -152,6 +152,31 @@ def bar_chart(values: Mapping[str, float], *, ylabel: str, title: str = "", anno
     return figure
 
 
+def stacked_bar_chart(
+    bars: Mapping[str, Mapping[str, float]], *, ylabel: str, title: str = "", annotate: str = "{:.3g}"
+) -> Figure:
+    """One bar per label, its named parts stacked (a colour and a legend entry each), annotated with its total.
+
+    A part that a bar lacks counts as 0 there; parts are stacked in the order they first appear.
+    """
+    if not bars:
+        raise ValueError("bars must hold at least one label")
+    parts = list(dict.fromkeys(part for stack in bars.values() for part in stack))
+    width = max(4, 1.1 * len(bars)) + 1.5  # and the legend, on the right
+    figure, ax = plt.subplots(figsize=(width, 3.5), layout="constrained")
+    labels, totals = list(bars), [0.0] * len(bars)
+    for part in parts:
+        heights = [float(stack.get(part, 0.0)) for stack in bars.values()]
+        ax.bar(labels, heights, bottom=totals, label=part)
+        totals = [total + height for total, height in zip(totals, heights)]
+    for position, total in enumerate(totals):
+        ax.annotate(annotate.format(total), (position, total), ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    return figure
+
+
 def image_grid(
     images: Mapping[str, Any] | Sequence[tuple[str, Any]], *, columns: int | None = None, title: str = ""
 ) -> Figure:

@@ -371,9 +371,7 @@ GPU_RUNS = ROOT / "site" / "gpu"
 # what changed, and the pages in seconds.
 SITE_BUILD_TIMEOUT_S = 2400
 # A lesson whose page shows no plot yet, and what one would show: an expected failure until its notebook draws one.
-LESSONS_WITHOUT_A_PLOT = {
-    "07_sharded_data_parallel": "07 prints tables only: a rank's bytes under DDP and FSDP, state vs activations",
-}
+LESSONS_WITHOUT_A_PLOT: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,15 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from helpers.plots import LivePlot, bar_chart, confusion_matrix_plot, line_chart, measurement_chart, speedup_chart
+from helpers.plots import (
+    LivePlot,
+    bar_chart,
+    confusion_matrix_plot,
+    line_chart,
+    measurement_chart,
+    speedup_chart,
+    stacked_bar_chart,
+)
 from helpers.rig import Measurement, Result
 
 
@@ -178,3 +186,25 @@ def test_speedup_chart_draws_throughput_relative_to_the_baseline():
 def test_speedup_chart_refuses_notes_for_variants_not_measured():
     with pytest.raises(ValueError, match="slow"):
         speedup_chart(_measurement(), notes={"slow": "acc 0.1"})
+
+
+def test_stacked_bar_chart_stacks_each_bars_parts_and_annotates_its_total():
+    import warnings
+
+    bars = {"DDP": {"state": 3.0, "activations": 1.0}, "FSDP": {"state": 1.5, "activations": 1.0}, "none": {}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no layout warnings, the legend outside the axes included
+        figure = stacked_bar_chart(bars, ylabel="bytes", title="per rank", annotate="{:.2f}")
+        figure.canvas.draw()  # the constrained layout runs here
+    ax = figure.axes[0]
+    assert [bar.get_height() for bar in ax.patches] == pytest.approx([3.0, 1.5, 0.0, 1.0, 1.0, 0.0])
+    assert [bar.get_y() for bar in ax.patches] == pytest.approx([0.0, 0.0, 0.0, 3.0, 1.5, 0.0])  # on the parts below
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["state", "activations"]
+    assert [text.get_text() for text in ax.texts] == ["4.00", "2.50", "0.00"]  # each bar's total
+    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["DDP", "FSDP", "none"]
+    assert (ax.get_ylabel(), ax.get_title()) == ("bytes", "per rank")
+
+
+def test_stacked_bar_chart_needs_a_bar():
+    with pytest.raises(ValueError, match="bars"):
+        stacked_bar_chart({}, ylabel="y")
