@@ -12,7 +12,8 @@ from .devices import pick_device
 from .memory import format_bytes
 
 # The performance lessons' default sizes, by device. On a 2-core CPU: small enough that a notebook runs in about a
-# minute (05's large enough that a CPU with native bfloat16 shows it faster). On a CUDA GPU: the sizes where
+# minute (05's large enough that a CPU with native bfloat16 shows it faster; 08's narrow with a wide batch, so its
+# activations outweigh weights, gradients and Adam's moments there too, about 8 to 1). On a CUDA GPU: the sizes where
 # the technique's effect is real (tensor cores busy enough for AMP to pay off; activations well above weights +
 # gradients, so checkpointing moves the allocator's peak). "cuda" is the top of the lesson's CUDA_LADDERS, the size
 # for a GPU with plenty of free memory. The benchmark (helpers.cli.bench) uses the same.
@@ -24,8 +25,8 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
     },
     "checkpointing": {
         "DEPTH": {"cpu": 100, "cuda": 32},
-        "WIDTH": {"cpu": 128, "cuda": 1024},
-        "BATCH_SIZE": {"cpu": 32, "cuda": 8192},
+        "WIDTH": {"cpu": 32, "cuda": 1024},
+        "BATCH_SIZE": {"cpu": 1024, "cuda": 8192},
     },
     "inference": {"MAX_BATCH_SIZE": {"cpu": 256, "cuda": 4096}},
     "faster": {

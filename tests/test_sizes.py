@@ -128,7 +128,12 @@ def test_mixed_precision_parts_match_the_meters(width, depth, batch):
     assert abs(parts["activations"] - meter.peak_bytes) <= TOLERANCE * meter.peak_bytes, (parts, meter.peak_bytes)
 
 
-@pytest.mark.parametrize("width, depth, batch", [(32, 4, 8), (64, 10, 16)])
+CPU_STACK = sizes_for("checkpointing", "cpu")
+
+
+@pytest.mark.parametrize(
+    "width, depth, batch", [(32, 4, 8), (64, 10, 16), (CPU_STACK["WIDTH"], CPU_STACK["DEPTH"], CPU_STACK["BATCH_SIZE"])]
+)
 def test_checkpointing_parts_match_the_meters(width, depth, batch):
     stack = deep_linear_stack(width, depth)
     adam = torch.optim.Adam(stack.parameters(), lr=0.0)
@@ -140,6 +145,15 @@ def test_checkpointing_parts_match_the_meters(width, depth, batch):
     assert parts["weights"] == measured["parameters"] and parts["gradients"] == measured["gradients"]
     assert abs(parts["optimizer_state"] - measured["optimizer_state"]) <= TOLERANCE * measured["optimizer_state"]
     assert parts["activations"] == meter.peak_bytes
+
+
+@pytest.mark.parametrize("sizes", [CPU_STACK, *CUDA_LADDERS["checkpointing"]], ids=lambda sizes: str(sizes))
+def test_checkpointing_sizes_let_activations_dominate_on_every_device(sizes):
+    """08's lesson needs activations well above weights + gradients + Adam's moments, or checkpointing barely moves
+    the total: at least twice the rest at every default size (the CPU's about 8 times, the CUDA rung's about 2)."""
+    parts = memory_parts("checkpointing", sizes)
+    rest = parts["weights"] + parts["gradients"] + parts["optimizer_state"]
+    assert parts["activations"] >= 2 * rest, (sizes, parts["activations"] / rest)
 
 
 @pytest.mark.parametrize("batch", [1, 32])
@@ -167,7 +181,7 @@ def test_describe_sizes_says_what_runs_and_why():
     cpu = sizes_for("checkpointing", "cpu")
     assert describe_sizes("checkpointing", "cpu", cpu).endswith("the cpu sizes are these")
     assert describe_sizes("checkpointing", "cpu", cpu | {"DEPTH": 7}).endswith(
-        "the cpu sizes are DEPTH 100, WIDTH 128, BATCH_SIZE 32"
+        "the cpu sizes are DEPTH 100, WIDTH 32, BATCH_SIZE 1024"
     )
     with pytest.raises(ValueError, match="sizes must be a dict"):
         describe_sizes("checkpointing", "cpu", {"DEPTH": 7})
