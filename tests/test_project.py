@@ -276,7 +276,7 @@ FORMATTED_AT_100 = {
     "00_setup_and_devices.ipynb",
     "06_multi_gpu.ipynb",
     "07_sharded_data_parallel.ipynb",
-    "12_environment_appendix.ipynb",
+    "14_environment_appendix.ipynb",
 }
 
 
