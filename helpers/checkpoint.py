@@ -34,6 +34,7 @@ from torch.utils.data import Sampler
 
 from .checks import check_int
 from .memory import format_bytes
+from .timing import format_table
 
 FORMAT = "helpers.checkpoint/2"  # 2: python and numpy RNG states stored as tuples, no best_metric
 _SAFE_LEAVES = (str, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
@@ -489,3 +490,31 @@ class CheckpointManager:
         for old in self.checkpoints()[: -self.keep_last]:
             old.unlink(missing_ok=True)
         return path
+
+
+RUN_PARTS = ("model", "optimizer", "scheduler", "scaler")  # what a run is made of, for the two functions below
+
+
+def same_training_state(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two runs (mappings holding their model, optimizer, scheduler and scaler) are in bit-identical states."""
+    missing = sorted({part for part in RUN_PARTS if part not in a or part not in b})
+    if missing:
+        raise ValueError(f"both runs must hold {list(RUN_PARTS)}; missing {missing}")
+    return all(states_equal(a[part].state_dict(), b[part].state_dict()) for part in RUN_PARTS)
+
+
+def resume_table(reference: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """Resumed runs against `reference`, a run that never stopped: the step each resumed from, its largest weight
+    difference, whether all its states are bit-identical and, where every run holds its `losses`, whether they are."""
+    if not runs:
+        raise ValueError("runs must name at least one resumed run")
+    weights = nn.utils.parameters_to_vector(reference["model"].parameters()).detach()
+    with_losses = "losses" in reference and all("losses" in run for run in runs.values())
+    rows = []
+    for name, run in runs.items():
+        gap = (nn.utils.parameters_to_vector(run["model"].parameters()).detach() - weights).abs().max().item()
+        row = {"run": name, "resumed from step": run.get("resumed_from"), "largest weight difference": gap}
+        if with_losses:
+            row["same losses"] = run["losses"] == reference["losses"]
+        rows.append(row | {"all states bit-identical": same_training_state(reference, run)})
+    return format_table(rows, list(rows[0]), formats={"largest weight difference": "{:.3g}"})

@@ -355,3 +355,38 @@ def speedup_chart(measurement: Any, *, notes: Mapping[str, str] | None = None, t
     ax.tick_params(axis="x", labelsize=8)
     ax.margins(y=0.15)
     return figure
+
+
+def branch_chart(
+    reference: Sequence[float],
+    branches: Mapping[str, Sequence[float]],
+    *,
+    at: int,
+    reference_label: str,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logy: bool = False,
+) -> Figure:
+    """A reference curve over steps 1 to n (wide, grey) and curves that leave it after step `at`, each drawn from
+    step at + 1 on; each branch holds all n values, its first `at` being the reference's."""
+    if not branches:
+        raise ValueError("branches must hold at least one named curve")
+    if not 0 <= at < len(reference):
+        raise ValueError(
+            f"at must be a step in [0, {len(reference) - 1}] (the reference has {len(reference)}), got {at!r}"
+        )
+    for name, ys in branches.items():
+        if len(ys) != len(reference):
+            raise ValueError(f"branch {name!r} has {len(ys)} values but the reference has {len(reference)}")
+    figure, ax = plt.subplots(figsize=(10, 3.5), layout="constrained")
+    steps = list(range(1, len(reference) + 1))
+    ax.plot(steps, list(reference), color="grey", lw=3, alpha=0.5, label=reference_label)
+    for number, (name, ys) in enumerate(branches.items()):
+        ax.plot(steps[at:], list(ys)[at:], lw=1, ls="--" if number == 0 else "-", label=name)
+    ax.axvline(at + 0.5, color="black", lw=0.8, ls=":")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if logy:
+        ax.set_yscale("log")
+    ax.legend()
+    return figure

@@ -376,3 +376,17 @@ def _stop_session(process: Any) -> None:
             break
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
+
+
+def wait_for_lines(process: subprocess.Popen, prefix: str, count: int = 1) -> bool:
+    """Read a running process's output until `count` lines starting with `prefix` came (True), or the process
+    closed its output first (False). It must be started with stdout=subprocess.PIPE and text=True."""
+    check_int("count", count)
+    if process.stdout is None:
+        raise ValueError("process must be started with stdout=subprocess.PIPE (and text=True) to be read")
+    for line in iter(process.stdout.readline, ""):
+        if line.startswith(prefix):
+            count -= 1
+            if count == 0:
+                return True
+    return False

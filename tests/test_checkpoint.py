@@ -829,3 +829,76 @@ def test_a_checkpoint_is_flushed_and_synced_before_it_is_renamed(tmp_path, monke
     names = [name for name, _ in calls]
     assert names[:2] == ["fsync", "replace"], calls  # the file's own fsync, then the rename (then the folder's)
     assert calls[1][1] == str(target)
+
+
+# ------------------------------------------------------------------------ comparing runs, the command line's pieces
+
+
+def _run(seed: int) -> dict:
+    model, optimizer, scheduler, scaler = _training_objects(seed)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+
+
+def test_same_training_state_compares_every_part_bit_for_bit():
+    a, b = _run(0), _run(0)
+    assert ckpt.same_training_state(a, b)
+    _one_step(b["model"], b["optimizer"], b["scheduler"])
+    assert not ckpt.same_training_state(a, b)
+    c = _run(0)
+    c["optimizer"].param_groups[0]["lr"] = 0.5  # the weights equal, the optimizer's state not
+    assert not ckpt.same_training_state(a, c)
+    with pytest.raises(ValueError, match=r"missing \['scaler'\]"):
+        ckpt.same_training_state(a, {key: value for key, value in a.items() if key != "scaler"})
+
+
+def test_resume_table_shows_each_run_s_resume_step_weight_gap_and_whether_it_is_identical():
+    reference, same, other = _run(0), _run(0), _run(1)
+    table = ckpt.resume_table(reference, {"same": same | {"resumed_from": 7}, "other": other})
+    header, _, same_row, other_row = table.splitlines()
+    assert header.split() == ["run", "resumed", "from", "step", "largest", "weight", "difference", "all", "states",
+                              "bit-identical"]  # fmt: skip
+    assert same_row.split() == ["same", "7", "0", "True"]
+    assert other_row.split()[-1] == "False" and float(other_row.split()[-2]) > 0
+    with_losses = ckpt.resume_table(reference | {"losses": [1.0]}, {"same": same | {"losses": [1.0]}})
+    assert "same losses" in with_losses and with_losses.splitlines()[-1].split()[-2:] == ["True", "True"]
+    with pytest.raises(ValueError, match="at least one"):
+        ckpt.resume_table(reference, {})
+
+
+@pytest.mark.slow
+def test_command_line_runs_train_in_a_fresh_process_with_the_settings_given(tmp_path):
+    from helpers.cli.resume import command_line
+
+    command = command_line(tmp_path, steps=2, save_every=1, seed=5, dropout=0.0, threads=1)
+    assert command[:3] == [sys.executable, "-m", "helpers.cli.resume"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "done: step 2 (resumed from None)"
+    assert read_checkpoint(tmp_path / "step-00000002.pt")["extra"]["settings"]["seed"] == 5
+
+
+def test_validation_losses_reads_every_save_a_run_printed(tmp_path, capsys, one_thread):
+    from helpers.cli.resume import validation_losses
+
+    train(tmp_path, steps=4, save_every=2, seed=1)
+    losses = validation_losses(capsys.readouterr().out + "a line that is no save\n")
+    assert list(losses) == [2, 4]
+    assert losses[4] == pytest.approx(read_checkpoint(tmp_path / "step-00000004.pt")["metric"], abs=1e-6)
+    assert validation_losses("saved step 3 x.pt (validation loss nan)")[3] != 0  # nan parses (and is not 0)
+    assert validation_losses("") == {}
+
+
+def test_a_dataloader_pass_draws_from_the_global_random_stream_unless_it_has_its_own_generator():
+    """Notebook 09: why the command-line run gives each DataLoader its own generator (the dropout masks come from
+    the global stream, so a resumed run would draw other masks)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def next_numbers_after_one_pass(**loader_options):
+        torch.manual_seed(0)
+        _ = list(DataLoader(TensorDataset(torch.zeros(4)), batch_size=2, **loader_options))
+        return torch.rand(3)
+
+    torch.manual_seed(0)
+    untouched = torch.rand(3)
+    assert not torch.equal(next_numbers_after_one_pass(), untouched)
+    assert torch.equal(next_numbers_after_one_pass(generator=torch.Generator()), untouched)

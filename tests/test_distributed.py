@@ -381,3 +381,28 @@ def test_all_reduce_metrics_divides_by_the_world_size_to_average(monkeypatch):
     monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: tensor.mul_(4))  # four ranks with equal values
     assert all_reduce_metrics({"loss": 2.0}, average=True) == {"loss": 2.0}
     assert all_reduce_metrics({"loss": 2.0}) == {"loss": 8.0}
+
+
+@pytest.mark.slow
+def test_wait_for_lines_counts_the_lines_that_start_with_the_prefix_and_stops_at_the_end():
+    import subprocess
+
+    from helpers.processes import wait_for_lines
+
+    script = "print('saved step 1'); print('other'); print('saved step 2', flush=True); import time; time.sleep(60)"
+    running = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert wait_for_lines(running, "saved step", count=2)  # returns while the process still runs
+        assert running.poll() is None
+    finally:
+        running.kill()
+        running.wait()
+    ended = subprocess.Popen([sys.executable, "-c", "print('saved step 1')"], stdout=subprocess.PIPE, text=True)
+    assert not wait_for_lines(ended, "saved step", count=2)
+    ended.wait()
+    silent = subprocess.Popen([sys.executable, "-c", "pass"])
+    silent.wait()
+    with pytest.raises(ValueError, match="stdout=subprocess.PIPE"):
+        wait_for_lines(silent, "x")
+    with pytest.raises(ValueError, match="count must be a positive int"):
+        wait_for_lines(ended, "x", count=0)

@@ -208,3 +208,31 @@ def test_stacked_bar_chart_stacks_each_bars_parts_and_annotates_its_total():
 def test_stacked_bar_chart_needs_a_bar():
     with pytest.raises(ValueError, match="bars"):
         stacked_bar_chart({}, ylabel="y")
+
+
+def test_branch_chart_draws_the_reference_whole_and_each_branch_after_the_split():
+    from helpers.plots import branch_chart
+
+    reference = [4.0, 3.0, 2.0, 1.0]
+    branches = {"resumed": [4.0, 3.0, 2.0, 1.0], "weights only": [4.0, 3.0, 2.5, 2.0]}
+    figure = branch_chart(reference, branches, at=2, reference_label="never stopped", xlabel="step", ylabel="loss",
+                          title="stopped after step 2", logy=True)  # fmt: skip
+    ax = figure.axes[0]
+    assert list(ax.lines[0].get_xdata()) == [1, 2, 3, 4]
+    assert [list(line.get_xdata()) for line in ax.lines[1:3]] == [[3, 4], [3, 4]]
+    assert list(ax.lines[2].get_ydata()) == [2.5, 2.0]
+    assert list(ax.lines[3].get_xdata()) == [2.5, 2.5]  # the stop, between steps 2 and 3
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["never stopped", "resumed", "weights only"]
+    assert (ax.get_yscale(), ax.get_title()) == ("log", "stopped after step 2")
+
+
+def test_branch_chart_refuses_a_branch_of_another_length_or_a_split_outside_the_curve():
+    from helpers.plots import branch_chart
+
+    labels = {"reference_label": "r", "xlabel": "x", "ylabel": "y"}
+    with pytest.raises(ValueError, match="branch 'b' has 2 values but the reference has 3"):
+        branch_chart([1, 2, 3], {"b": [1, 2]}, at=1, **labels)
+    with pytest.raises(ValueError, match=r"at must be a step in \[0, 2\]"):
+        branch_chart([1, 2, 3], {"b": [1, 2, 3]}, at=3, **labels)
+    with pytest.raises(ValueError, match="branches"):
+        branch_chart([1, 2, 3], {}, at=1, **labels)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -252,6 +254,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     except RunSettingsError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     print(f"done: step {result['steps_done']} (resumed from {result['resumed_from']})", flush=True)
+
+
+def command_line(
+    folder: str | Path,
+    *,
+    steps: int = 120,
+    save_every: int = 10,
+    seed: int = 0,
+    dropout: float = 0.1,
+    threads: int = 1,
+) -> list[str]:
+    """The command that runs `train(folder, ...)` in a fresh Python process, as `subprocess` takes it."""
+    options = {"folder": folder, "steps": steps, "save-every": save_every, "seed": seed, "dropout": dropout}
+    options["threads"] = threads  # a bit-identical resume needs the thread count of the run it is compared with
+    return [sys.executable, "-m", "helpers.cli.resume", *(f"--{name}={value}" for name, value in options.items())]
+
+
+def validation_losses(log: str) -> dict[int, float]:
+    """Every save's validation loss, by step, from the `saved step N <file> (validation loss L)` lines of a log."""
+    saves = re.findall(r"^saved step (\d+) .*\(validation loss ([-+\d.eE]+|nan|inf)\)$", log, re.MULTILINE)
+    return {int(step): float(loss) for step, loss in saves}
 
 
 if __name__ == "__main__":
