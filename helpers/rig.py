@@ -10,6 +10,7 @@ table and a chart, so a lesson only writes out what it compares and asserts what
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from matplotlib.figure import Figure
 
 from . import plots
-from .checks import check_int
+from .checks import check_int, check_positive_number
 from .memory import format_bytes, peak_memory, saved_tensors_meter
 from .timing import (
     compare,
@@ -208,3 +209,59 @@ def powers_up_to(largest: int, base: int) -> list[int]:
     while sizes[-1] * base < largest:
         sizes.append(sizes[-1] * base)
     return sizes if largest == 1 else [*sizes, largest]
+
+
+def payback(measurement: Measurement, name: Hashable, cost_s: float, *, cost: str = "compiling") -> str:
+    """After how many units the `cost_s` seconds paid once (the first call's compile) are won back by name's
+    quicker unit against the baseline, in words: only where the run showed name faster (`Measurement.verdict`);
+    otherwise the sentence says why there is no such figure."""
+    check_positive_number("cost_s", cost_s)
+    mine, base = measurement.label(name), measurement.label(measurement.baseline)
+    found = measurement.verdict(name)
+    if found == "slower":
+        return f"{mine} was slower than {base} here: the {cost_s:.1f} s of {cost} never pay back at this size"
+    if found is None:
+        return f"{mine} and {base} were not told apart here: no payback figure (more rounds may tell)"
+    saved_s = measurement.median_ms(measurement.baseline) / 1e3 * (1 - measurement.time_ratio(name))
+    return f"the {cost_s:.1f} s of {cost} pay back after {cost_s / saved_s:,.0f} {measurement.unit}s of {mine}"
+
+
+def throughput_table(
+    measurement: Measurement,
+    *,
+    columns: Mapping[str, Mapping[Any, object]] | None = None,
+    formats: Mapping[str, str] | None = None,
+    title: str = "",
+) -> str:
+    """Each variant's units per second, its throughput against the baseline (xN: N times as many per second) with
+    the middle half of the rounds, then `columns`: more figures per variant (an accuracy, a count), by column."""
+    columns = dict(columns or {})
+    for column, values in columns.items():
+        missing = [measurement.label(name) for name in measurement.results if name not in values]
+        if missing:
+            raise ValueError(f"columns[{column!r}] has no value for the variants {missing}")
+    rows = []
+    for name in measurement.results:
+        low, high = measurement.ratio_spread(name)  # time ratios: the low one is the fast end
+        speed = [1e3 / measurement.median_ms(name), f"x{1 / measurement.time_ratio(name):.2f}"]
+        rows.append([measurement.label(name), *speed, f"{1 / high:.2f}-{1 / low:.2f}"])
+        rows[-1] += [values[name] for values in columns.values()]
+    unit = measurement.unit
+    header = ["variant", f"{unit}s/s", "throughput", "middle half", *columns]
+    return format_table(rows, header, formats={f"{unit}s/s": "{:.0f}", **(formats or {})}, title=title)
+
+
+def rung_by_rung(measurement: Measurement) -> list[str]:
+    """A ladder's findings in words, from this run's rounds only: what each variant bought against the one measured
+    before it, which of them paid and which cost time, and the last one against the baseline."""
+    names = list(measurement.results)
+    if len(names) < 2:
+        raise ValueError(f"a ladder needs at least two variants, got {names}")
+    pairs = list(itertools.pairwise(names))
+    sentences = [measurement.conclusion(name, against=below) for below, name in pairs]
+    verdicts = {name: measurement.verdict(name, below) for below, name in pairs}
+    paid = [measurement.label(name) for name, found in verdicts.items() if found == "faster"]
+    cost = [measurement.label(name) for name, found in verdicts.items() if found == "slower"]
+    where = measurement.device.type
+    sentences.append(f"On this {where}, {', '.join(paid) or 'no rung'} paid; {', '.join(cost) or 'no rung'} cost time.")
+    return [*sentences, f"All together: {measurement.conclusion(names[-1])}"]

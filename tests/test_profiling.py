@@ -8,7 +8,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEventAvg
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from helpers.profiling import compile_ready, seconds_by_label
+from helpers.profiling import compile_ready, graphs_compiled, parts_table, seconds_by_label
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +102,76 @@ def test_compile_ready_reports_why_compilation_failed():
     assert compile_ready("cpu", compile_fn=lambda fn: fn)[0]  # a "compiler" that returns the function as it is
     ok, why = compile_ready("cpu", compile_fn=lambda fn: lambda x: fn(x) + 1)
     assert not ok and "wrong result" in why
+
+
+def test_parts_table_gives_ms_per_step_and_the_share_of_one_label():
+    seconds = {0: {"load": 0.3, "compute": 0.1}, 2: {"load": 0.05, "compute": 0.1}}  # over 10 steps
+    table = parts_table(seconds, steps=10, share_of="load", key="workers", title="per step")
+    lines = table.splitlines()
+    assert lines[0] == "per step"
+    assert lines[1].split() == ["workers", "load", "ms", "compute", "ms", "load", "share"]
+    assert lines[3].split() == ["0", "30.000", "10.000", "75%"]  # 0.3 s over 10 steps; 0.3 of 0.4
+    assert lines[4].split() == ["2", "5.000", "10.000", "33%"]
+
+
+def test_parts_table_refuses_an_unknown_share_and_runs_with_other_labels():
+    with pytest.raises(ValueError, match="share_of must be one of the labels"):
+        parts_table({0: {"load": 1.0}}, steps=1, share_of="loader")
+    with pytest.raises(ValueError, match="run 2 has"):
+        parts_table({0: {"load": 1.0}, 2: {"forward": 1.0}}, steps=1, share_of="load")
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        parts_table({0: {"load": 1.0}}, steps=0, share_of="load")
+
+
+def test_graphs_compiled_counts_a_recompile_per_new_batch_size_unless_dimension_0_is_dynamic():
+    """Batches of 8, 6 and 4 rows: dynamic=False compiles each, the default recompiles once with the size as a
+    symbol, mark_dynamic compiles one graph for every size."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    batches = [torch.randn(rows, 3) for rows in (8, 6, 4)]
+    assert graphs_compiled(layer, batches, dynamic=False) == 3
+    assert graphs_compiled(layer, batches) == 2
+    assert graphs_compiled(layer, [b.clone() for b in batches], mark_dynamic=True) == 1
+    assert graphs_compiled(layer, batches[:1]) == 1
+
+
+def test_graphs_compiled_refuses_a_single_tensor():
+    with pytest.raises(TypeError, match="inputs must be a non-empty sequence of tensors"):
+        graphs_compiled(torch.nn.Linear(3, 2), torch.randn(4, 3))
+
+
+def test_forward_calls_counts_each_child_module_again_when_checkpointing_recomputes_it():
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    from helpers.models import deep_linear_stack
+    from helpers.profiling import forward_calls
+
+    stack, x = deep_linear_stack(4, 3), torch.randn(2, 4)  # 6 modules
+    plain = forward_calls(stack, lambda: stack(x).sum().backward())
+    checkpointed = forward_calls(
+        stack, lambda: checkpoint_sequential(stack, 2, x, use_reentrant=False).sum().backward()
+    )
+    assert plain == len(stack) == 6
+    assert checkpointed == 6 + 3  # the first of two segments (3 modules) runs again in backward
+    assert all(not module._forward_pre_hooks for module in stack)  # the counting hooks are gone
+
+
+def test_forward_calls_removes_its_hooks_when_the_run_fails_and_checks_its_arguments():
+    from helpers.models import deep_linear_stack
+    from helpers.profiling import forward_calls
+
+    stack = deep_linear_stack(4, 2)
+
+    def failing():
+        stack(torch.randn(2, 4))
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        forward_calls(stack, failing)
+    assert all(not module._forward_pre_hooks for module in stack)
+    with pytest.raises(ValueError, match="child modules"):
+        forward_calls(torch.nn.Linear(2, 2), lambda: None)
+    with pytest.raises(TypeError, match="run"):
+        forward_calls(stack, None)
+    with pytest.raises(TypeError, match="model"):
+        forward_calls("stack", lambda: None)

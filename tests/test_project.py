@@ -276,6 +276,7 @@ FORMATTED_AT_100 = {
     "00_setup_and_devices.ipynb",
     "06_multi_gpu.ipynb",
     "07_sharded_data_parallel.ipynb",
+    "11_faster_training.ipynb",
     "09_saving_and_resuming.ipynb",
     "14_environment_appendix.ipynb",
 }

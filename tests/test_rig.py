@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from helpers.rig import Measurement, Result, measure
+from helpers.rig import Measurement, Result, measure, payback, rung_by_rung, throughput_table
 
 
 def test_measure_times_every_variant_in_turns_after_warm_up():
@@ -139,3 +139,45 @@ def test_powers_up_to_refuses_bad_sizes_by_name(largest, base, message):
 
     with pytest.raises((TypeError, ValueError), match=message):
         powers_up_to(largest, base)
+
+
+def _ladder(**seconds) -> Measurement:
+    results = {name: Result(name, times) for name, times in seconds.items()}
+    return Measurement(torch.device("cpu"), results, baseline=next(iter(seconds)), unit="image")
+
+
+def test_payback_divides_the_cost_by_the_time_saved_per_unit_only_when_the_run_showed_it_faster():
+    # b takes 0.75 s where a takes 1 s in every round: 0.25 s saved per step, so 10 s pay back after 40 steps
+    faster = _ladder(a=[1.0] * 6, b=[0.75] * 6)
+    assert payback(faster, "b", 10.0) == "the 10.0 s of compiling pay back after 40 images of b"
+    slower = _ladder(a=[1.0] * 6, b=[1.5] * 6)
+    assert payback(slower, "b", 10.0, cost="tracing").startswith("b was slower than a here: the 10.0 s of tracing")
+    assert "not told apart" in payback(_ladder(a=[1.0] * 6, b=[0.9, 1.1] * 3), "b", 10.0)
+    with pytest.raises(ValueError, match="cost_s must be a positive number"):
+        payback(faster, "b", -1.0)
+    with pytest.raises(KeyError, match="no variant named 'c'"):
+        payback(faster, "c", 10.0)
+
+
+def test_throughput_table_gives_units_per_second_against_the_baseline_and_extra_columns():
+    ladder = _ladder(plain=[0.01] * 5, fast=[0.005] * 5)
+    table = throughput_table(ladder, columns={"accuracy": {"plain": 0.9, "fast": 0.91}}, title="t")
+    lines = table.splitlines()
+    assert lines[0] == "t"
+    assert lines[1].split() == ["variant", "images/s", "throughput", "middle", "half", "accuracy"]
+    assert lines[3].split() == ["plain", "100", "x1.00", "1.00-1.00", "0.900"]
+    assert lines[4].split() == ["fast", "200", "x2.00", "2.00-2.00", "0.910"]
+    with pytest.raises(ValueError, match=r"columns\['accuracy'\] has no value for the variants \['fast'\]"):
+        throughput_table(ladder, columns={"accuracy": {"plain": 0.9}})
+
+
+def test_rung_by_rung_compares_each_rung_with_the_one_below_and_names_what_paid():
+    ladder = _ladder(plain=[1.0] * 5, workers=[0.5] * 5, bf16=[0.6] * 5, compile=[0.6, 0.59, 0.61, 0.6, 0.6])
+    sentences = rung_by_rung(ladder)
+    assert sentences[0].startswith("workers was faster than plain")
+    assert sentences[1].startswith("bf16 was slower than workers")
+    assert sentences[2].startswith("compile and bf16 were not told apart")
+    assert sentences[3] == "On this cpu, workers paid; bf16 cost time."
+    assert sentences[4].startswith("All together: compile was faster than plain")
+    with pytest.raises(ValueError, match="at least two variants"):
+        rung_by_rung(_ladder(plain=[1.0] * 5))
