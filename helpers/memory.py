@@ -234,3 +234,18 @@ def process_gpu_bytes(device: torch.device | str) -> tuple[int, str]:
     except (OSError, subprocess.SubprocessError, StopIteration, ValueError):
         free, total = torch.cuda.mem_get_info(device)
         return total - free, "mem_get_info: total - free, all processes"
+
+
+def cuda_allocator_bytes(nbytes: int) -> float:
+    """What one tensor of `nbytes` occupies in PyTorch's CUDA caching allocator at its default settings.
+
+    Every request is rounded up to 512 bytes. One between 1 and 10 MiB is cut from a 20 MiB segment that it
+    shares with as many such blocks as fit whole (the allocator splits off no remainder under 1 MiB), so it
+    costs 20 MiB / that many: a 4,000,000-byte tensor, five to a segment, costs 4 MiB.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+    size = -(-nbytes // 512) * 512
+    if 2**20 < size < 10 * 2**20:
+        return 20 * 2**20 / (20 * 2**20 // size)
+    return float(size)

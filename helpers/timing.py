@@ -216,3 +216,27 @@ def format_table(
     lines = ["  ".join(text.rjust(width) for text, width in zip(line, widths)) for line in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(([title] if title else []) + lines)
+
+
+def format_rows(
+    rows: Mapping[Hashable, Mapping[str, object]],
+    *,
+    key: str,
+    formats: Mapping[str, str] | None = None,
+    title: str = "",
+) -> str:
+    """A table with one row per entry of `rows`: its key in the first column (headed `key`), then its values.
+
+    `rows` maps each key (a segment count, a variant's name) to that row's values by column, as an experiment
+    returns them: {0: {"kept": 101, "predicted": 101}, 2: {...}}. The columns are the first row's, in order;
+    `formats` and the default number formats are `format_table`'s.
+    """
+    if not isinstance(rows, Mapping) or not all(isinstance(row, Mapping) for row in rows.values()):
+        raise TypeError(f"rows must map each key to a mapping of column -> value, got {type(rows).__name__}")
+    if not rows:
+        raise ValueError("rows must hold at least one row")
+    columns = list(next(iter(rows.values())))
+    if key in columns:
+        raise ValueError(f"key {key!r} is also a column of the rows; name the key column otherwise")
+    table = [{key: name, **row} for name, row in rows.items()]
+    return format_table(table, [key, *columns], formats=formats, title=title)

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from helpers.grads import batch_gradient, flat_grad, gradient_of, max_abs_diff
+from helpers.grads import batch_gradient, flat_grad, gradient_error, gradient_of, max_abs_diff
 from helpers.models import MLP
 
 LOSS = nn.CrossEntropyLoss()
@@ -143,3 +143,23 @@ def test_batch_gradient_starts_from_clean_gradients():
     for parameter in model.parameters():
         parameter.grad = torch.full_like(parameter, 5.0)  # left over from some earlier backward
     assert torch.equal(batch_gradient(model, F.cross_entropy, inputs, targets), clean)
+
+
+def test_gradient_error_is_the_largest_difference_relative_to_the_largest_exact_gradient():
+    exact = torch.tensor([4.0, -2.0, 1.0], dtype=torch.float64)
+    grad = torch.tensor([4.0, -2.0, 1.2])  # float32, off by 0.2 in the last element
+    assert gradient_error(grad, exact) == pytest.approx(0.2 / 4.0)  # 0.2 against the largest exact value, 4
+    assert gradient_error(exact, exact) == 0.0
+
+
+def test_gradient_error_of_an_all_zero_exact_gradient_is_zero_or_infinite():
+    assert gradient_error(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert gradient_error(torch.zeros(0), torch.zeros(0)) == 0.0
+    assert gradient_error(torch.tensor([0.0, 1e-9]), torch.zeros(2)) == float("inf")
+
+
+def test_gradient_error_refuses_other_shapes_and_non_tensors():
+    with pytest.raises(ValueError, match="same shape"):
+        gradient_error(torch.ones(2), torch.ones(3))
+    with pytest.raises(TypeError, match="must be tensors"):
+        gradient_error([1.0, 2.0], torch.ones(2))

@@ -220,3 +220,73 @@ def test_process_gpu_bytes_reads_this_process_line_of_nvidia_smi_or_falls_back_t
     assert process_gpu_bytes("cuda")[0] == 7 * 2**20
     with pytest.raises(ValueError, match="must be a CUDA device"):
         process_gpu_bytes("cpu")
+
+
+@pytest.mark.parametrize(
+    "nbytes, cost",
+    [
+        (0, 0),
+        (1, 512),
+        (4_000, 4_096),  # a 1000-float bias: rounded up to 512 bytes
+        (4_000_000, 4 * 2**20),  # a 1000 x 1000 float32 tensor: five to a 20 MiB segment
+        (6 * 2**20, 20 * 2**20 / 3),  # three to a segment
+        (12 * 2**20, 12 * 2**20),  # 10 MiB and more: a segment of its own, no sharing
+    ],
+)
+def test_cuda_allocator_bytes_rounds_to_512_and_shares_20_mib_segments_between_1_and_10_mib(nbytes, cost):
+    from helpers.memory import cuda_allocator_bytes
+
+    assert cuda_allocator_bytes(nbytes) == cost
+
+
+@pytest.mark.parametrize("nbytes", [-1, 1.5, True, "4"])
+def test_cuda_allocator_bytes_refuses_what_is_not_a_byte_count(nbytes):
+    from helpers.memory import cuda_allocator_bytes
+
+    with pytest.raises(ValueError, match="nbytes"):
+        cuda_allocator_bytes(nbytes)
+
+
+def test_the_posts_memory_drops_are_the_state_of_layers_the_reentrant_segments_left_untrained():
+    """Notebook 08's published table: 72 Linear layers (71 of 1000 x 1000, one 1000 x 100), a data input, Adam and
+    checkpoint_sequential's reentrant variant at 0 / 2 / 5 / 10 segments, 1717 / 1283 / 1043 / 959 MB. Each drop is
+    the gradient and two Adam moments of the layers left without a gradient: at the CUDA allocator's cost of each
+    tensor it matches to 1%; counted exactly in bytes (MiB), it falls at least 3% short."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    from helpers.memory import cuda_allocator_bytes
+
+    post_mb = {0: 1717, 2: 1283, 5: 1043, 10: 959}
+    shapes = [(1000, 1000)] * 71 + [(100, 1000)]  # (out, in) of the post's layers
+    narrow = nn.Sequential(*[nn.Linear(2, 2) for _ in shapes])  # which layers train does not depend on the width
+    data = torch.randn(16, 2)  # no requires_grad, as from a DataLoader
+    for segments, mb in post_mb.items():
+        narrow.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no input requires grad
+            out = checkpoint_sequential(narrow, segments, data, use_reentrant=True) if segments else narrow(data)
+        out.sum().backward()
+        untrained = [shapes[i] for i, layer in enumerate(narrow) if layer.weight.grad is None]
+        tensors = [4 * rows * cols for rows, cols in untrained] + [4 * rows for rows, _ in untrained]  # weight, bias
+        drop = post_mb[0] - mb
+        at_the_allocator = sum(3 * cuda_allocator_bytes(n) for n in tensors) / 2**20
+        exactly = sum(3 * n for n in tensors) / 2**20
+        assert abs(at_the_allocator - drop) <= 0.01 * drop, (segments, at_the_allocator, drop)
+        assert exactly <= 0.97 * drop or segments == 0, (segments, exactly, drop)
+
+
+def test_one_adam_step_at_lr_0_adds_two_moments_and_leaves_the_weights():
+    """Notebook 08's account of a deep stack's fixed memory: after a step and one Adam step at lr 0, the gradients
+    are as large as the weights, Adam's state at least twice that (two moments and a step counter per parameter),
+    and the weights have not moved."""
+    model = deep_linear_stack(8, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(4, 8)).sum().backward()
+    adam = torch.optim.Adam(model.parameters(), lr=0.0)
+    adam.step()
+    state = model_state_bytes(model, adam)
+    assert state["gradients"] == state["parameters"]
+    assert state["optimizer_state"] >= 2 * state["parameters"]
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))

@@ -277,6 +277,7 @@ FORMATTED_AT_100 = {
     "04_zero_grad_accumulation.ipynb",
     "06_multi_gpu.ipynb",
     "07_sharded_data_parallel.ipynb",
+    "08_activation_checkpointing.ipynb",
     "11_faster_training.ipynb",
     "09_saving_and_resuming.ipynb",
     "14_environment_appendix.ipynb",

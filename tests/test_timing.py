@@ -170,3 +170,28 @@ def test_median_ratio_is_the_median_of_per_round_ratios_not_a_ratio_of_medians()
     from helpers.timing import median_ratio
 
     assert median_ratio([1.0, 10.0, 100.0], [1.0, 1.0, 1000.0]) == pytest.approx(1.0)  # ratios 1, 10, 0.1
+
+
+def test_format_rows_puts_each_key_before_its_row_values():
+    from helpers.timing import format_rows
+
+    rows = {0: {"kept": 101, "ratio": 1.0}, 10: {"kept": 19, "ratio": 0.188}}
+    lines = format_rows(rows, key="segments", formats={"ratio": "x{:.2f}"}, title="kept").splitlines()
+    assert lines[0] == "kept"
+    assert lines[1].split() == ["segments", "kept", "ratio"]
+    assert [line.split() for line in lines[3:]] == [["0", "101", "x1.00"], ["10", "19", "x0.19"]]
+
+
+def test_format_rows_refuses_no_rows_rows_that_are_not_mappings_and_a_key_named_like_a_column():
+    from helpers.timing import format_rows
+
+    with pytest.raises(ValueError, match="at least one row"):
+        format_rows({}, key="segments")
+    with pytest.raises(TypeError, match="rows must map each key"):
+        format_rows([{"kept": 1}], key="segments")
+    with pytest.raises(TypeError, match="rows must map each key"):
+        format_rows({0: [1, 2]}, key="segments")
+    with pytest.raises(ValueError, match="key 'kept' is also a column"):
+        format_rows({0: {"kept": 1}}, key="kept")
+    with pytest.raises(ValueError, match="row 1 lacks the columns"):
+        format_rows({0: {"kept": 1}, 2: {"other": 1}}, key="segments")
