@@ -4,11 +4,12 @@ one chosen by name, parameter groups with their own learning rates, frozen layer
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from .checks import check_int, check_positive_number, check_range
+from .checks import check_choice, check_int, check_positive_number, check_range
 
 
 class MLP(nn.Sequential):
@@ -224,3 +225,41 @@ def load_pretrained(name: str = "resnet18") -> nn.Module:
             f"{torch.hub.get_dir()}). Connect to the internet and run again, or copy {cached.name} into {cache} "
             "from a machine that has it."
         ) from error
+
+
+def optimizer_after_move(
+    model: nn.Module,
+    move: Callable[[nn.Module], object],
+    name: str,
+    options: Mapping[str, object] | None = None,
+    load: str | None = None,
+    *,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    checkpoint: dict[str, Any] | None = None,
+) -> dict[str, object]:
+    """Build optimizer `name` over `model`, run `move(model)` (a `.to(...)`), then one step on `batch`: whether
+    the move kept the Parameter objects, whether the optimizer held state as built, how its first step went, and
+    whether per-element state was left on another dtype or device than the parameters. With `load` 'before' or
+    'after', `checkpoint` (an optimizer state_dict) is loaded before or after the move."""
+    check_choice("load", load, [None, "before", "after"])
+    if load is not None and checkpoint is None:
+        raise ValueError(f"load={load!r} needs a checkpoint: an optimizer state_dict to load")
+    built = make_optimizer(name, model.parameters(), lr=0.01, **(options or {}))
+    parameters, state_at_build = list(model.parameters()), len(built.state) > 0
+    if load == "before" and checkpoint is not None:
+        built.load_state_dict(checkpoint)
+    move(model)
+    if load == "after" and checkpoint is not None:
+        built.load_state_dict(checkpoint)
+    kept = all(a is b for a, b in zip(parameters, model.parameters()))
+    first, (inputs, targets) = parameters[0], batch
+    nn.functional.cross_entropy(model(inputs.to(first.device, first.dtype)), targets.to(first.device)).backward()
+    try:
+        built.step()
+        outcome = "ok"
+    except RuntimeError as error:
+        outcome = f"RuntimeError: {str(error)[:40]}"
+    state = [t for t in built.state[first].values() if t.dim() > 0]  # per-element state, not the step count
+    behind = any(t.dtype != first.dtype or t.device != first.device for t in state)
+    row = {"same Parameters": kept, "state at build": state_at_build, "first step": outcome}
+    return row | {"state left behind": behind}

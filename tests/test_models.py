@@ -229,3 +229,47 @@ def test_load_pretrained_a_broken_cached_file_is_named(hub_dir):
 def test_load_pretrained_unknown_name(name):
     with pytest.raises(ValueError, match="torchvision model name"):
         load_pretrained(name)
+
+
+def _moved_trial(name, options=None, load=None, *, move=lambda net: net.to(torch.float64)):
+    from helpers.models import optimizer_after_move
+
+    torch.manual_seed(0)
+    batch = (torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3]))
+    source = MLP(64, (16,), 10)
+    source_optimizer = make_optimizer("adam", source.parameters(), lr=0.01, foreach=False)
+    nn.functional.cross_entropy(source(batch[0]), batch[1]).backward()
+    source_optimizer.step()
+    model = MLP(64, (16,), 10)
+    return optimizer_after_move(model, move, name, options, load, batch=batch, checkpoint=source_optimizer.state_dict())
+
+
+def test_optimizer_after_move_keeps_sgd_and_adam_working_and_leaves_adagrads_state_behind():
+    for name, options in (("sgd", {"momentum": 0.9}), ("adam", {})):
+        row = _moved_trial(name, options)
+        assert row == {"same Parameters": True, "state at build": False, "first step": "ok", "state left behind": False}
+    adagrad = _moved_trial("adagrad")
+    assert adagrad["state at build"] and adagrad["state left behind"] and adagrad["first step"] == "ok"
+    assert _moved_trial("adagrad", {"fused": True})["first step"].startswith("RuntimeError")
+
+
+def test_optimizer_after_move_breaks_adam_state_loaded_before_the_move_only():
+    assert _moved_trial("adam", {"foreach": False}, "before")["first step"].startswith("RuntimeError")
+    assert _moved_trial("adam", {"foreach": False}, "after")["first step"] == "ok"
+
+
+def test_optimizer_after_move_sees_a_move_that_replaces_the_parameters():
+    def replace(net):  # not what Module.to does: a new Parameter object in place of the first
+        net[1].weight = nn.Parameter(net[1].weight.detach().clone())
+
+    assert not _moved_trial("sgd", move=replace)["same Parameters"]
+
+
+def test_optimizer_after_move_refuses_an_unknown_load_and_a_load_without_checkpoint():
+    from helpers.models import optimizer_after_move
+
+    batch = (torch.randn(2, 1, 8, 8), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="load must be one of"):
+        optimizer_after_move(MLP(64, (16,), 10), lambda net: net, "sgd", load="during", batch=batch)
+    with pytest.raises(ValueError, match="needs a checkpoint"):
+        optimizer_after_move(MLP(64, (16,), 10), lambda net: net, "sgd", load="before", batch=batch)
