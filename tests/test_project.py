@@ -145,7 +145,7 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
     expected = {
         "05_mixed_precision": ["mixed_precision"],
         "08_activation_checkpointing": ["checkpointing"],
-        "10_eval_inference": ["inference"],
+        "13_serving": ["inference"],
         "11_faster_training": ["faster"],
     }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
@@ -280,6 +280,7 @@ FORMATTED_AT_100 = {
     "07_sharded_data_parallel.ipynb",
     "08_activation_checkpointing.ipynb",
     "11_faster_training.ipynb",
+    "13_serving.ipynb",
     "09_saving_and_resuming.ipynb",
     "14_environment_appendix.ipynb",
 }

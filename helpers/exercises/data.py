@@ -1,161 +1,91 @@
-"""Dataset & DataLoader: turn images as OpenCV reads them (N x H x W x 3 uint8, BGR) into the model's batch
-(N x 1 x H x W float32 gray in [0, 1]), as the lesson's dataset transform does for the same pictures."""
+"""Dataset & DataLoader: write `Windows(series, length)`, a map-style Dataset of sliding windows over a series and
+the value that follows each, which a default DataLoader batches."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import torch
-
-from helpers.data import LUMA, DigitsDataset
+from torch.utils.data import DataLoader, Dataset
 
 from . import exercise
 
-TINTS = ((1.0, 0.6, 0.2), (0.2, 0.6, 1.0), (0.9, 0.2, 0.7), (0.3, 1.0, 0.3))  # R, G, B factors: colours, not grays
+
+class reference_windows(Dataset):  # a class: the learner writes a Dataset
+    """Sample i: the window series[i : i + length] and its target, the next value series[i + length]."""
+
+    def __init__(self, series: torch.Tensor, length: int) -> None:
+        self.series, self.length = series, length
+
+    def __len__(self) -> int:
+        return len(self.series) - self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.series[index : index + self.length], self.series[index + self.length]
 
 
-def reference_to_model_input(images_bgr: np.ndarray) -> torch.Tensor:
-    """N x H x W x 3 uint8 BGR images -> N x 1 x H x W float32 gray batch in [0, 1]."""
-    rgb = torch.from_numpy(images_bgr[..., ::-1].copy()).permute(0, 3, 1, 2).float() / 255
-    return (torch.tensor(LUMA).view(1, 3, 1, 1) * rgb).sum(1, keepdim=True)
-
-
-def dataset_transform() -> Callable:
-    """The lesson's transform for a PIL image: gray (PIL's luma), then a [1, H, W] float32 tensor in [0, 1]."""
-    from torchvision.transforms import v2
-
-    return v2.Compose([v2.Grayscale(num_output_channels=1), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
-
-
-def digit_pictures(*, seed: int = 0, count: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    """`count` test digits, 28 high and 20 wide, as RGB uint8 arrays [count, 28, 20, 3]: gray ones, and tinted copies."""
-    digits = DigitsDataset("test", size=28).images[:, 0, :, 4:24]  # not square: a swap of H and W shows in the shape
-    chosen = torch.randperm(len(digits), generator=torch.Generator().manual_seed(seed))[:count]
-    gray = (digits[chosen] * 255).round().to(torch.uint8).numpy()
-    rgb = np.repeat(gray[..., None], 3, axis=-1)
-    tinted = (rgb * np.array(TINTS)[np.arange(count) % len(TINTS), None, None, :]).astype(np.uint8)
-    return rgb, tinted
-
-
-def expected_batch(rgb: np.ndarray) -> torch.Tensor:
-    """The dataset transform of each RGB picture, stacked: what to_model_input must return for the BGR arrays."""
-    from PIL import Image
-
-    transform = dataset_transform()
-    return torch.stack([transform(Image.fromarray(picture)) for picture in rgb])
-
-
-def _gray(rgb: torch.Tensor) -> torch.Tensor:
-    """N x 3 x H x W float RGB -> N x 1 x H x W gray with LUMA's weights."""
-    return (torch.tensor(LUMA).view(1, 3, 1, 1) * rgb).sum(1, keepdim=True)
-
-
-def _mistakes(bgr: np.ndarray) -> dict[str, torch.Tensor]:
-    """What typical wrong answers give for these BGR images, each with its hint."""
-    rgb = torch.from_numpy(bgr[..., ::-1].copy())  # N x H x W x 3 uint8, R, G, B
-    count, height, width, _ = rgb.shape
-    planes = rgb.permute(0, 3, 1, 2).float()  # N x 3 x H x W, 0-255
-    right = _gray(planes) / 255
-    return {
-        "reshape or view re-cuts the pixels in memory order: permute(0, 3, 1, 2) moves whole axes": _gray(
-            rgb.reshape(count, 3, height, width).float() / 255
-        ),
-        "the pictures came out upside down: [:, ::-1] flipped the rows; OpenCV's B, G, R are the last axis, so "
-        "flip that one, [..., ::-1]": right.flip(2),
-        "the pictures came out mirrored: [:, :, ::-1] flipped the columns; OpenCV's B, G, R are the last axis, so "
-        "flip that one, [..., ::-1]": right.flip(3),
-        "// 255 is integer division (every pixel short of 255 becomes 0): .float() first, then / 255": _gray(
-            (planes // 255).float()
-        ),
-        "divide by 255, the largest uint8 value, not by 256": right * 255 / 256,
-        "OpenCV's channels are B, G, R: flip them ([..., ::-1]) before weighting with LUMA, whose order is "
-        "R, G, B": _gray(planes.flip(1)) / 255,
-        "a plain mean of the three channels is not the dataset's gray: weight R, G, B with LUMA and sum": (
-            planes.mean(1, keepdim=True) / 255
-        ),
-        **{
-            f"one channel alone ({name}, channel {2 - index} of OpenCV's array) is not the dataset's gray: weight "
-            "all three with LUMA and sum": planes[:, index : index + 1] / 255
-            for index, name in enumerate("RGB")
-        },
-    }
-
-
-def _truncated(mine: torch.Tensor, bgr: np.ndarray) -> bool:
-    """Whole steps of 1/255, each at most one step below the exact gray: the weighted sum cut to uint8."""
-    steps = mine.double() * 255
-    below = reference_to_model_input(bgr).double() - mine.double()
-    return bool((steps - steps.round()).abs().max() < 1e-3 and below.min() > -1e-4 and below.max() < 1.01 / 255)
-
-
-def _call(to_model_input: Callable, bgr: np.ndarray) -> torch.Tensor:
-    """to_model_input on a copy of bgr; refused with a hint when it raises on a flipped view or changes its input."""
-    given = bgr.copy()
+def _sample(dataset: Any, index: int, what: str) -> tuple[Any, Any]:
     try:
-        mine = to_model_input(given)
-    except ValueError as error:
-        if "negative" not in str(error):
-            raise
+        sample = dataset[index]
+    except IndexError:
         raise AssertionError(
-            "hint: torch.from_numpy refused the view [..., ::-1] makes (negative strides): copy it first, "
-            "images_bgr[..., ::-1].copy()"
+            f"hint: {what}: dataset[{index}] raised IndexError though {index} < len(dataset) = {len(dataset)}: the "
+            "last window's target must still lie in the series, so there are len(series) - length samples"
         ) from None
-    assert np.array_equal(given, bgr), (
-        "hint: to_model_input changed the caller's images_bgr in place (torch.from_numpy shares the array's "
-        "memory, and so does a NumPy view): leave the input as it is and work on a copy"
+    assert isinstance(sample, tuple) and len(sample) == 2, (
+        f"hint: {what}: a sample must be a pair (window, target), got {type(sample).__name__}"
     )
-    return mine
+    return sample
 
 
-@exercise("to_model_input", reference=reference_to_model_input)
-def check_to_model_input(to_model_input: Callable) -> str:
-    """to_model_input on gray and on tinted BGR digits must give the dataset transform's batch, to 1/255."""
-    gray_rgb, tinted_rgb = digit_pictures()
-    count, height, width, _ = gray_rgb.shape
-    results = {}
-    for name, rgb in (("gray", gray_rgb), ("coloured", tinted_rgb)):
-        bgr = np.ascontiguousarray(rgb[..., ::-1])  # as cv2.imread gives it: B, G, R, in memory order
-        mine, want = _call(to_model_input, bgr), expected_batch(rgb)
-        assert isinstance(mine, torch.Tensor), (
-            f"hint: return a torch.Tensor, got {type(mine).__name__}: torch.from_numpy(...) turns the array into one"
-        )
-        assert tuple(mine.shape) == (count, 1, height, width), (
-            f"hint: expected shape {(count, 1, height, width)} (N x 1 x H x W), got {tuple(mine.shape)}: "
-            "permute(0, 3, 1, 2) moves the channel axis in front of H and W, and sum(1, keepdim=True) over the "
-            "LUMA-weighted channels keeps one gray channel"
-        )
-        assert mine.dtype == torch.float32, (
-            f"hint: dtype {mine.dtype}, the model's weights are float32: .float() before dividing "
-            "(a NumPy division gives float64)"
-        )
-        low, high = mine.min().item(), mine.max().item()
-        assert high <= 10, f"hint: values up to {high:.1f}: divide by 255 for the 0-1 range the dataset gives"
-        assert low >= 0 and high <= 1 + 1e-6, (
-            f"hint: values from {low:.2f} to {high:.2f}, normalised ((x - mean) / std): the dataset's transform "
-            "gives 0-1, so no normalisation here, only / 255"
-        )
-        results[name] = (mine - want).abs().max().item()
-        if results[name] <= 1 / 255:
-            continue
-        off = f"off by up to {results[name] * 255:.0f}/255"
-        where = f"gray images are {off}" if name == "gray" else f"gray images match but coloured ones are {off}"
-        for hint, wrong in _mistakes(bgr).items():
-            assert not torch.allclose(mine, wrong, atol=1e-4), f"hint: {where}: {hint}"
-        assert not _truncated(mine, bgr), (
-            f"hint: {where}, in whole steps of 1/255: converting the weighted sum to uint8 "
-            "(astype(np.uint8), .to(torch.uint8)) cuts 199.99998 down to 199; keep it float and divide by 255"
-        )
-        assert name == "coloured", (
-            f"hint: right shape, wrong pixels even for gray images ({off}): flip the channels ([..., ::-1]), "
-            "permute(0, 3, 1, 2) (never reshape or view), .float() / 255, weight with LUMA, sum(1, keepdim=True)"
-        )
-        raise AssertionError(
-            f"hint: {where}: the gray is LUMA[0] * R + LUMA[1] * G + "
-            "LUMA[2] * B, where R, G, B are channels 2, 1, 0 of OpenCV's array"
-        )
-    worst = max(results.values()) * 255
-    return (
-        f"✓ to_model_input gave the dataset transform's batch for {count} gray and {count} coloured {height}x{width} "
-        f"BGR images (within {worst:.2f}/255)"
+def _check_one(Windows: Callable[..., Any], series: torch.Tensor, length: int, what: str) -> None:
+    dataset = Windows(series, length)
+    expected = len(series) - length
+    assert len(dataset) == expected, (
+        f"hint: {what}: len(dataset) is {len(dataset)}, not len(series) - length = {expected}: a window of {length} "
+        f"needs one more value after it, its target"
+        + (" (one window too many: the last one's target would lie past the end)" if len(dataset) > expected else "")
     )
+    for index in sorted({0, 1, expected // 2, expected - 1} & set(range(expected))):
+        window, target = _sample(dataset, index, what)
+        assert isinstance(window, torch.Tensor) and isinstance(target, torch.Tensor), (
+            f"hint: {what}: return tensors (slices of series), got {type(window).__name__} and "
+            f"{type(target).__name__}: the default collate_fn stacks tensors into a batch"
+        )
+        assert window.shape == (length,), (
+            f"hint: {what}: sample {index}'s window has shape {tuple(window.shape)}, not ({length},): "
+            "series[i : i + length] holds length values"
+        )
+        assert torch.equal(window, series[index : index + length]), (
+            f"hint: {what}: sample {index}'s window is not series[{index} : {index + length}]: sample i starts at i"
+        )
+        if torch.equal(target, series[index + length - 1]):
+            raise AssertionError(
+                f"hint: {what}: sample {index}'s target is the window's own last value: the target is the value "
+                "after the window, series[i + length]"
+            )
+        assert target.shape == () and torch.equal(target, series[index + length]), (
+            f"hint: {what}: sample {index}'s target must be the single value series[{index + length}]"
+        )
+    windows, targets = next(iter(DataLoader(dataset, batch_size=4)))
+    assert windows.shape == (min(4, expected), length) and targets.shape == (min(4, expected),), (
+        f"hint: {what}: a DataLoader batch of 4 came out as {tuple(windows.shape)} and {tuple(targets.shape)}"
+    )
+
+
+@exercise("Windows", reference=reference_windows)
+def check_windows(Windows: Callable[..., Any]) -> str:
+    """Windows(series, length) on three series (floats, integers, a window as long as all but one value): its
+    length, the first, middle and last samples, and a default DataLoader's batch."""
+    generator = torch.Generator().manual_seed(0)
+    cases = [
+        (torch.randn(50, generator=generator), 8, "a series of 50 floats, windows of 8"),
+        (torch.arange(100, 130), 5, "the integers 100..129, windows of 5"),
+        (torch.randn(7, generator=generator), 6, "a series of 7 values, windows of 6 (one sample)"),
+    ]
+    for series, length, what in cases:
+        given = series.clone()
+        _check_one(Windows, series, length, what)
+        assert torch.equal(series, given), f"hint: {what}: the series was changed: a Dataset only reads its data"
+    return "✓ Windows gave len(series) - length (window, next value) pairs, and a DataLoader batched them"

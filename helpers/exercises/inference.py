@@ -1,4 +1,4 @@
-"""Evaluation and inference: write `predict(model, image)`, one image through a batch model, ready to serve."""
+"""Serving: write `predict(model, image)`, one image through a batch model, ready to serve."""
 
 from __future__ import annotations
 
