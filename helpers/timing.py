@@ -240,3 +240,41 @@ def format_rows(
         raise ValueError(f"key {key!r} is also a column of the rows; name the key column otherwise")
     table = [{key: name, **row} for name, row in rows.items()]
     return format_table(table, [key, *columns], formats=formats, title=title)
+
+
+def format_columns(
+    columns: Mapping[Hashable, Mapping[Hashable, object]],
+    *,
+    key: str,
+    rows: Sequence[Hashable] | None = None,
+    value_format: str | Callable[[object], str] | None = None,
+    title: str = "",
+) -> str:
+    """A table with one column per entry of `columns`, each mapping row names to values, side by side.
+
+    `columns` is what several sources give for the same quantities: {"by hand": {"loss": 0.1, ...},
+    "scikit-learn": {"loss": 0.1, ...}}. The row names go in the first column (headed `key`): `rows` picks them
+    in order, else the first column's names. `value_format` formats every value, as a format such as '{:.4f}' or
+    a function such as memory.format_bytes; without it, `format_table`'s default number formats apply.
+    """
+    if not isinstance(columns, Mapping) or not all(isinstance(column, Mapping) for column in columns.values()):
+        raise TypeError(f"columns must map each column to a mapping of row -> value, got {type(columns).__name__}")
+    if not columns:
+        raise ValueError("columns must hold at least one column")
+    if key in columns:
+        raise ValueError(f"key {key!r} is also a column; name the key column otherwise")
+    if value_format is not None and not (isinstance(value_format, str) or callable(value_format)):
+        raise TypeError(f"value_format must be a format string or a function, got {type(value_format).__name__}")
+    names = list(next(iter(columns.values())) if rows is None else rows)
+    for column, values in columns.items():
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise ValueError(f"column {column!r} lacks the rows {missing}")
+
+    def cell(value: object) -> object:
+        if value_format is None:
+            return value
+        return value_format.format(value) if isinstance(value_format, str) else value_format(value)
+
+    table = [[name, *(cell(values[name]) for values in columns.values())] for name in names]
+    return format_table(table, [key, *map(str, columns)], title=title)

@@ -282,6 +282,7 @@ FORMATTED_AT_100 = {
     "11_faster_training.ipynb",
     "13_serving.ipynb",
     "09_saving_and_resuming.ipynb",
+    "10_evaluation.ipynb",
     "14_environment_appendix.ipynb",
 }
 

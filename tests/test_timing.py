@@ -195,3 +195,45 @@ def test_format_rows_refuses_no_rows_rows_that_are_not_mappings_and_a_key_named_
         format_rows({0: {"kept": 1}}, key="kept")
     with pytest.raises(ValueError, match="row 1 lacks the columns"):
         format_rows({0: {"kept": 1}, 2: {"other": 1}}, key="segments")
+
+
+def test_format_columns_puts_each_source_in_a_column_with_the_row_names_first():
+    from helpers.timing import format_columns
+
+    columns = {"by hand": {"loss": 0.5, "accuracy": 0.25}, "sklearn": {"accuracy": 0.75, "loss": 1.5}}
+    lines = format_columns(columns, key="metric", title="agree?").splitlines()
+    assert lines[0] == "agree?"
+    assert lines[1].split() == ["metric", "by", "hand", "sklearn"]
+    assert [line.split() for line in lines[3:]] == [["loss", "0.500", "1.500"], ["accuracy", "0.250", "0.750"]]
+
+
+def test_format_columns_picks_rows_and_formats_every_value():
+    from helpers.timing import format_columns
+
+    columns = {"plain": {1: 2048, 2: 4096, "peak": 4096}, "no_grad": {1: 0, 2: 0, "peak": 0}}
+    as_function = format_columns(columns, key="after", rows=["peak", 1], value_format=lambda b: f"{b // 1024} KiB")
+    assert [line.split() for line in as_function.splitlines()[2:]] == [
+        ["peak", "4", "KiB", "0", "KiB"],
+        ["1", "2", "KiB", "0", "KiB"],
+    ]
+    as_string = format_columns(columns, key="after", rows=[2], value_format="{:,}")
+    assert as_string.splitlines()[2].split() == ["2", "4,096", "0"]
+
+
+def test_format_columns_refuses_bad_columns_a_key_named_like_a_column_missing_rows_and_bad_formats():
+    from helpers.timing import format_columns
+
+    with pytest.raises(ValueError, match="at least one column"):
+        format_columns({}, key="metric")
+    with pytest.raises(TypeError, match="columns must map each column"):
+        format_columns([{"loss": 1}], key="metric")
+    with pytest.raises(TypeError, match="columns must map each column"):
+        format_columns({"a": [1, 2]}, key="metric")
+    with pytest.raises(ValueError, match="key 'a' is also a column"):
+        format_columns({"a": {"loss": 1}}, key="a")
+    with pytest.raises(ValueError, match=r"column 'b' lacks the rows \['loss'\]"):
+        format_columns({"a": {"loss": 1}, "b": {"other": 1}}, key="metric")
+    with pytest.raises(ValueError, match=r"column 'a' lacks the rows \['f1'\]"):
+        format_columns({"a": {"loss": 1}}, key="metric", rows=["f1"])
+    with pytest.raises(TypeError, match="value_format must be a format string or a function"):
+        format_columns({"a": {"loss": 1}}, key="metric", value_format=3)
