@@ -409,3 +409,21 @@ def in_fp32_precision(step: Callable[[], object], mode: str) -> Callable[[], obj
             return step()
 
     return call
+
+
+def step_saved_bytes(
+    model: torch.nn.Module, batch_size: int, precision: str, *, device: torch.device | str, seed: int = 0
+) -> int:
+    """The most bytes autograd holds for backward during one training step of `model` in `precision`
+    (`precision_steps`' step) on a random batch of `batch_size` samples; `model` takes `model[1].in_features`
+    inputs (helpers.models.MLP) and is left alone."""
+    from .memory import saved_peak_bytes
+
+    check_int("batch_size", batch_size)
+    features = next(m.in_features for m in model.modules() if isinstance(m, nn.Linear))
+    classes = [m.out_features for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(batch_size, features, generator=generator)
+    targets = torch.randint(0, classes, (batch_size,), generator=generator)
+    step = precision_steps(model, inputs, targets, precisions=[precision], device=device)[precision]
+    return saved_peak_bytes(step)

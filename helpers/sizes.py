@@ -29,6 +29,13 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "BATCH_SIZE": {"cpu": 1024, "cuda": 8192},
     },
     "inference": {"MAX_BATCH_SIZE": {"cpu": 256, "cuda": 4096}},
+    # 12's MLP: on a CPU 8 x 128 at batch 1024, deep enough for checkpointing to save and a batch about 10 times
+    # 16 bits' break-even, so every way out lowers the bytes saved for backward; on CUDA 05's sizes
+    "gpu_memory": {
+        "WIDTH": {"cpu": 128, "cuda": 4096},
+        "DEPTH": {"cpu": 8, "cuda": 8},
+        "BATCH_SIZE": {"cpu": 1024, "cuda": 16384},
+    },
     "faster": {
         "CHANNELS": {"cpu": 8, "cuda": 128},
         "BATCH_SIZE": {"cpu": 64, "cuda": 1024},
@@ -49,6 +56,13 @@ CUDA_LADDERS: dict[str, list[dict[str, int]]] = {
         {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 8192},  # ~1.5 GiB: less
     ],
     "checkpointing": [{"DEPTH": 32, "WIDTH": 1024, "BATCH_SIZE": 8192}],  # ~1.6 GiB
+    "gpu_memory": [  # 05's rungs: the same MLP, four ways of one step side by side
+        {"WIDTH": 4096, "DEPTH": 8, "BATCH_SIZE": 16384},
+        {"WIDTH": 4096, "DEPTH": 8, "BATCH_SIZE": 8192},
+        {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 32768},
+        {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 16384},
+        {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 8192},
+    ],
     "inference": [{"MAX_BATCH_SIZE": 4096}],  # ~0.2 GiB
     # 11's CNN on 28x28 digits: 128 channels make its second convolution ~1.4 GFLOP per image (forward and
     # backward), so a batch of 1024 keeps even an H100 busy for tens of ms per step in float32; COPIES of the
@@ -103,7 +117,7 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
         raise ValueError(f"sizes must be a dict with exactly the keys {sorted(expected)}, got {sizes!r}")
     for name, value in sizes.items():
         check_int(f"sizes[{name!r}]", value)
-    if lesson == "mixed_precision":
+    if lesson in ("mixed_precision", "gpu_memory"):  # the same MLP 64 -> WIDTH x DEPTH -> 10
         width, depth, batch = sizes["WIDTH"], sizes["DEPTH"], sizes["BATCH_SIZE"]
         weights = _FLOAT * mlp_parameters(width, depth)
         # per sample: the input, each hidden layer's ReLU output, the log-probabilities, the int64 target
@@ -138,12 +152,13 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
     }
 
 
-# How many copies of the weights a lesson holds at once at its peak: 05 times four replicas side by side
-# (float32, 16-bit, micro-batches, checkpointed) next to the model they were copied from.
+# How many copies of the weights a lesson holds at once at its peak: 05 times up to four replicas side by side
+# (fp32, tf32, bf16, fp16) next to the model they were copied from; 12 four (float32, 16-bit, micro-batches,
+# checkpointed).
 # 11 holds many small CNNs at once: the ladder's 8 rungs (weights and AdamW's two moments each), section 2's
 # model with its gradients and two copies of them, section 3's 3 AdamW replicas (weights, gradients, moments)
 # and their made-up gradients: 42 weight-sized tensors, of which gradients and optimizer_state count 3.
-_WEIGHT_COPIES = {"mixed_precision": 5, "checkpointing": 1, "inference": 1, "faster": 39}
+_WEIGHT_COPIES = {"mixed_precision": 5, "gpu_memory": 5, "checkpointing": 1, "inference": 1, "faster": 39}
 
 
 def estimate_bytes(lesson: str, sizes: dict[str, int]) -> int:

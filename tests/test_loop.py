@@ -637,3 +637,22 @@ def test_precision_steps_with_accumulation_make_one_step_from_micro_batches_hold
     assert saved_peak_bytes(micro) < saved_peak_bytes(whole)
     with pytest.raises(ValueError, match="accumulation_steps must be"):
         precision_steps(model, inputs, targets, precisions=["fp32"], device="cpu", accumulation_steps=0)
+
+
+def test_step_saved_bytes_meter_one_step_and_grow_by_the_same_bytes_per_sample():
+    from helpers.loop import step_saved_bytes
+    from helpers.memory import saved_peak_bytes
+
+    torch.manual_seed(0)
+    model = MLP(64, (16, 16), 10)
+    inputs, targets = torch.randn(3, 64), torch.randint(0, 10, (3,))
+    step = precision_steps(model, inputs, targets, precisions=["bf16"], device="cpu")["bf16"]
+    assert step_saved_bytes(model, 3, "bf16", device="cpu") == saved_peak_bytes(step)  # the step's own meter
+    one, two, three = (step_saved_bytes(model, n, "fp32", device="cpu") for n in (1, 2, 3))
+    assert three - two == two - one == (64 + 16 + 16) * 4 + 10 * 4 + 8  # input, activations, log-probs, target
+    low = [step_saved_bytes(model, n, "bf16", device="cpu") for n in (2, 3)]
+    assert low[1] - low[0] < three - two  # bfloat16 keeps fewer bytes per sample
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        step_saved_bytes(model, 0, "fp32", device="cpu")
+    with pytest.raises(ValueError, match="precisions must be"):
+        step_saved_bytes(model, 1, "fp8", device="cpu")

@@ -147,6 +147,7 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
         "08_activation_checkpointing": ["checkpointing"],
         "13_serving": ["inference"],
         "11_faster_training": ["faster"],
+        "12_gpu_memory": ["gpu_memory"],
     }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
     parameters = {
@@ -276,10 +277,12 @@ FORMATTED_AT_100 = {
     "00_setup_and_devices.ipynb",
     "03_shaping_the_update.ipynb",
     "04_zero_grad_accumulation.ipynb",
+    "05_mixed_precision.ipynb",
     "06_multi_gpu.ipynb",
     "07_sharded_data_parallel.ipynb",
     "08_activation_checkpointing.ipynb",
     "11_faster_training.ipynb",
+    "12_gpu_memory.ipynb",
     "13_serving.ipynb",
     "09_saving_and_resuming.ipynb",
     "10_evaluation.ipynb",

@@ -228,3 +228,15 @@ def test_faster_keeps_the_same_steps_per_epoch_on_every_rung():
     steps = {1347 * rung["COPIES"] // rung["BATCH_SIZE"] for rung in [cpu, *CUDA_LADDERS["faster"]]}
     assert steps == {1347 // cpu["BATCH_SIZE"]}
     assert all(rung["BATCH_SIZE"] <= 1347 * rung["COPIES"] for rung in CUDA_LADDERS["faster"])
+
+
+def test_gpu_memory_is_05s_mlp_and_its_cpu_sizes_let_activations_outweigh_the_weights():
+    """12 measures the MLP of 05: the same parts at the same sizes; on a CPU its activations are several times
+    its weights, so each way out (micro-batches, 16 bits, checkpointing) has bytes to save."""
+    cpu = sizes_for("gpu_memory", "cpu")
+    assert cpu == {"WIDTH": 128, "DEPTH": 8, "BATCH_SIZE": 1024}
+    for sizes in (cpu, *CUDA_LADDERS["gpu_memory"]):
+        assert memory_parts("gpu_memory", sizes) == memory_parts("mixed_precision", sizes)
+    parts = memory_parts("gpu_memory", cpu)
+    assert parts["activations"] >= 3 * parts["weights"], parts
+    assert CUDA_LADDERS["gpu_memory"] == CUDA_LADDERS["mixed_precision"]
