@@ -7,7 +7,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -324,6 +324,19 @@ class SlowDataset(Dataset):
     def __getitem__(self, index: int) -> Any:
         time.sleep(self.delay_s)
         return self.base[index]
+
+
+class CountingLoader:
+    """Wraps a loader (any iterable) and counts the passes made over it: `passes` grows by one per `iter()`."""
+
+    def __init__(self, loader: Iterable) -> None:
+        if not isinstance(loader, Iterable):
+            raise TypeError(f"loader must be an iterable such as a DataLoader, got {type(loader).__name__}")
+        self.loader, self.passes = loader, 0
+
+    def __iter__(self) -> Iterator:
+        self.passes += 1
+        return iter(self.loader)
 
 
 def _main(argv: Sequence[str] | None = None) -> None:

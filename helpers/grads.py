@@ -120,3 +120,20 @@ def gradient_error(grad: torch.Tensor, exact: torch.Tensor) -> float:
     if largest == 0:
         return 0.0 if difference == 0 else math.inf
     return difference / largest
+
+
+def graph_nodes(tensors: Iterable[object]) -> set:
+    """The autograd nodes reachable from the given tensors: what keeping the tensors keeps alive.
+
+    Anything without a `grad_fn` (a float from `.item()`, a tensor made under `no_grad`) adds none.
+    """
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError("tensors must be an iterable of tensors (a list of losses, say), got a single tensor")
+    seen: set = set()
+    stack: list = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return seen

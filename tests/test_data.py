@@ -159,3 +159,20 @@ def test_seed_worker_seeds_numpy_and_random_from_the_workers_torch_seed():
         draws.setdefault(torch_seed, []).append((np.random.randint(2**31), random.randrange(2**31)))
     assert draws[1000][0] == draws[1000][1]  # the same torch seed: the same numbers
     assert draws[1000][0][0] != draws[2000][0][0] and draws[1000][0][1] != draws[2000][0][1]
+
+
+def test_counting_loader_counts_each_pass_and_yields_the_loaders_batches():
+    from helpers.data import CountingLoader
+
+    counted = CountingLoader([[1, 2], [3]])
+    assert counted.passes == 0
+    assert list(counted) == [[1, 2], [3]]
+    assert sum(len(batch) for batch in counted) == 3
+    assert counted.passes == 2
+
+
+def test_counting_loader_refuses_what_cannot_be_iterated():
+    from helpers.data import CountingLoader
+
+    with pytest.raises(TypeError, match="loader must be an iterable"):
+        CountingLoader(3)

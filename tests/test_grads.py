@@ -163,3 +163,25 @@ def test_gradient_error_refuses_other_shapes_and_non_tensors():
         gradient_error(torch.ones(2), torch.ones(3))
     with pytest.raises(TypeError, match="must be tensors"):
         gradient_error([1.0, 2.0], torch.ones(2))
+
+
+def test_graph_nodes_finds_every_node_behind_the_tensors_once():
+    from helpers.grads import graph_nodes
+
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum()  # SumBackward0 <- MulBackward0 <- AccumulateGrad (w)
+    names = sorted(type(node).__name__ for node in graph_nodes([loss]))
+    assert names == ["AccumulateGrad", "MulBackward0", "SumBackward0"]
+    other = (w * 3).sum()  # a second graph on the same leaf: its AccumulateGrad node is shared
+    assert len(graph_nodes([loss, other])) == 5
+
+
+def test_graph_nodes_of_floats_and_no_grad_tensors_is_empty_and_a_single_tensor_is_refused():
+    from helpers.grads import graph_nodes
+
+    w = torch.ones(3, requires_grad=True)
+    with torch.no_grad():
+        guarded = (w * 2).sum()
+    assert graph_nodes([guarded, 1.5, (w * 2).sum().item()]) == set()
+    with pytest.raises(TypeError, match="single tensor"):
+        graph_nodes((w * 2).sum())
