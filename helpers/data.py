@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from .checks import check_choice, check_dataset, check_int
+from .checks import check_choice, check_dataset, check_int, check_range
+
+if TYPE_CHECKING:
+    from .rig import Measurement
 
 SPLITS = ("train", "test")
 RNG_SOURCES = ("torch", "numpy", "random", "generator")
@@ -337,6 +341,61 @@ class CountingLoader:
     def __iter__(self) -> Iterator:
         self.passes += 1
         return iter(self.loader)
+
+
+def padding_share(loader: Iterable) -> float:
+    """The fraction of all elements of a pad_collate loader's (padded, lengths, ...) batches that is padding."""
+    cells = real = 0
+    for padded, lengths, *_ in loader:
+        cells, real = cells + padded.numel(), real + int(lengths.sum())
+    if cells == 0:
+        raise ValueError("loader must deliver at least one (padded, lengths, ...) batch, got none")
+    return 1 - real / cells
+
+
+def epoch(loader: Iterable, *, busy_s: float = 0.0) -> tuple[int, int]:
+    """One pass over `loader` with no model attached: the (samples, batches) it delivered.
+
+    With `busy_s`, the main process is busy that long once the pass has started (a model's step), while the
+    workers already prepare batches; then it takes every batch.
+    """
+    check_range("busy_s", busy_s, 0, float("inf"))
+    batches = iter(loader)
+    time.sleep(busy_s)
+    samples = count = 0
+    for batch in batches:
+        first = batch[0] if isinstance(batch, (list, tuple)) else batch
+        samples, count = samples + len(first), count + 1
+    return samples, count
+
+
+def time_epochs(
+    loaders: Mapping[Hashable, Iterable],
+    *,
+    repeat: int,
+    busy_s: float = 0.0,
+    per: int = 1,
+    unit: str = "epoch",
+    labels: Mapping[Hashable, str] | None = None,
+) -> tuple[Measurement, dict[Hashable, list[tuple[int, int]]]]:
+    """Time one `epoch` of each loader in `repeat` interleaved rounds after an untimed one (`rig.measure`).
+
+    Returns the Measurement (per `per` samples of each epoch, named `unit`) and, per loader, the
+    (samples, batches) of every epoch it ran, the untimed one first.
+    """
+    from .rig import measure
+
+    if not isinstance(loaders, Mapping) or not loaders:
+        raise TypeError(f"loaders must be a non-empty mapping of names to loaders, got {loaders!r}")
+    check_range("busy_s", busy_s, 0, float("inf"))
+    delivered: dict[Hashable, list[tuple[int, int]]] = {name: [] for name in loaders}
+
+    def step(name: Hashable) -> None:
+        delivered[name].append(epoch(loaders[name], busy_s=busy_s))
+
+    steps = {name: functools.partial(step, name) for name in loaders}
+    timing = measure(steps, device="cpu", repeat=repeat, warmup=1, per=per, unit=unit, labels=labels)
+    return timing, delivered
 
 
 def _main(argv: Sequence[str] | None = None) -> None:

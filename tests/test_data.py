@@ -176,3 +176,50 @@ def test_counting_loader_refuses_what_cannot_be_iterated():
 
     with pytest.raises(TypeError, match="loader must be an iterable"):
         CountingLoader(3)
+
+
+def test_padding_share_counts_the_padded_elements():
+    from helpers.data import VariableLengthSequences, pad_collate, padding_share
+
+    batches = [pad_collate([(torch.ones(3), 0), (torch.ones(1), 1)]), pad_collate([(torch.ones(2), 0)])]
+    assert padding_share(batches) == pytest.approx(2 / 8)  # 3 + 1 + 2 real of 2 * 3 + 1 * 2 cells
+    sequences = VariableLengthSequences(20, seed=1)
+    loader = torch.utils.data.DataLoader(sequences, batch_size=1, collate_fn=pad_collate)
+    assert padding_share(loader) == 0  # a batch of one needs no padding
+
+
+def test_padding_share_refuses_a_loader_without_batches():
+    from helpers.data import padding_share
+
+    with pytest.raises(ValueError, match="loader must deliver at least one"):
+        padding_share([])
+
+
+def test_epoch_counts_samples_and_batches_and_waits_while_busy():
+    import time
+
+    from helpers.data import epoch
+
+    loader = torch.utils.data.DataLoader(TensorDataset(torch.arange(10)), batch_size=4)
+    assert epoch(loader) == (10, 3)
+    assert epoch([torch.zeros(2, 5), torch.zeros(3, 5)]) == (5, 2)  # a batch that is one tensor
+    start = time.perf_counter()
+    assert epoch(loader, busy_s=0.05) == (10, 3)
+    assert time.perf_counter() - start >= 0.05
+    with pytest.raises(ValueError, match="busy_s"):
+        epoch(loader, busy_s=-1)
+
+
+def test_time_epochs_times_each_loader_and_keeps_every_epochs_delivery():
+    from helpers.data import time_epochs
+
+    loaders = {"by 4": [torch.zeros(4), torch.zeros(2)], "by 3": [torch.zeros(3)] * 2}
+    timing, delivered = time_epochs(loaders, repeat=3, per=6, unit="sample", labels={"by 4": "batches of 4"})
+    assert delivered == {"by 4": [(6, 2)] * 4, "by 3": [(6, 2)] * 4}  # the untimed epoch, then 3 rounds
+    assert len(timing["by 3"].seconds) == 3 and timing.unit == "sample" and timing.label("by 4") == "batches of 4"
+    with pytest.raises(TypeError, match="loaders must be a non-empty mapping"):
+        time_epochs({}, repeat=1)
+    with pytest.raises(ValueError, match="busy_s"):
+        time_epochs(loaders, repeat=1, busy_s=-0.1)
+    with pytest.raises(ValueError, match="repeat"):
+        time_epochs(loaders, repeat=0)

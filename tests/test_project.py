@@ -275,6 +275,7 @@ def test_library_code_a_notebook_prints_is_a_whole_function_that_exists(path):
 # formatted by hand; each joins this set when it is restructured to fit the reading budget after formatting.
 FORMATTED_AT_100 = {
     "00_setup_and_devices.ipynb",
+    "01_dataset_dataloader.ipynb",
     "02_training_loop.ipynb",
     "03_shaping_the_update.ipynb",
     "04_zero_grad_accumulation.ipynb",
