@@ -1,10 +1,12 @@
-"""The weighted_f1 exercise gives each kind of mistake its own hint, and agrees with scikit-learn."""
+"""The balanced_accuracy exercise gives each kind of mistake its own hint, and agrees with scikit-learn."""
+
+import warnings
 
 import pytest
 import torch
-from sklearn.metrics import f1_score
+from sklearn.metrics import balanced_accuracy_score
 
-from helpers.exercises.evaluation import _cases, check_weighted_f1, reference_weighted_f1
+from helpers.exercises.evaluation import _cases, check_balanced_accuracy, reference_balanced_accuracy
 
 
 def _counts(y_true, y_pred, num_classes):
@@ -13,97 +15,78 @@ def _counts(y_true, y_pred, num_classes):
     return tp, (y_true[:, None] == classes).sum(0).double(), (y_pred[:, None] == classes).sum(0).double()
 
 
-def macro(y_true, y_pred, num_classes):  # every class weighs the same
-    tp, true, predicted = _counts(y_true, y_pred, num_classes)
-    return float(torch.where(true + predicted > 0, 2 * tp / (true + predicted), 0.0).mean())
-
-
-def weighted_by_predictions(y_true, y_pred, num_classes):  # the column sums as weights
-    tp, true, predicted = _counts(y_true, y_pred, num_classes)
-    f1 = torch.where(true + predicted > 0, 2 * tp / (true + predicted), 0.0)
-    return float((f1 * predicted).sum() / predicted.sum())
-
-
-def accuracy(y_true, y_pred, num_classes):  # the share of right answers
+def accuracy(y_true, y_pred, num_classes):  # the share of right answers: the big class dominates
     return (y_true == y_pred).double().mean().item()
 
 
-def weighted_precision(y_true, y_pred, num_classes):  # precision alone, recall forgotten
+def absent_classes_as_zero(y_true, y_pred, num_classes):  # every class in the mean, absent ones as recall 0
+    tp, true, _ = _counts(y_true, y_pred, num_classes)
+    return float((tp / true.clamp(min=1)).sum() / num_classes)
+
+
+def mean_precision(y_true, y_pred, num_classes):  # TP / predicted: the columns, not the rows
     tp, true, predicted = _counts(y_true, y_pred, num_classes)
-    return float((torch.where(predicted > 0, tp / predicted, 0.0) * true).sum() / true.sum())
+    return float((tp / predicted.clamp(min=1))[true > 0].mean())
 
 
-def divided_by_classes(y_true, y_pred, num_classes):  # sum of F1 x support over the number of classes
+def macro_f1(y_true, y_pred, num_classes):  # the F1 of each class, averaged
     tp, true, predicted = _counts(y_true, y_pred, num_classes)
-    f1 = torch.where(true + predicted > 0, 2 * tp / (true + predicted), 0.0)
-    return float((f1 * true).sum() / num_classes)
+    return float((2 * tp / (true + predicted).clamp(min=1))[true > 0].mean())
 
 
-def nan_for_zero_division(y_true, y_pred, num_classes):  # P and R as divisions, 0/0 left as NaN
-    tp, true, predicted = _counts(y_true, y_pred, num_classes)
-    precision, recall = tp / predicted, tp / true
-    return (
-        float(((2 * precision * recall / (precision + recall)) * true).nansum() / true.sum())
-        if (predicted > 0).all()
-        else float("nan")
-    )
+def nan_for_absent_classes(y_true, y_pred, num_classes):  # 0/0 left in the mean
+    tp, true, _ = _counts(y_true, y_pred, num_classes)
+    return float((tp / true).mean())
 
 
 def as_a_string(y_true, y_pred, num_classes):  # a formatted number, not a number
-    return f"{reference_weighted_f1(y_true, y_pred, num_classes):.4f}"
+    return f"{reference_balanced_accuracy(y_true, y_pred, num_classes):.4f}"
+
+
+def sorts_in_place(y_true, y_pred, num_classes):  # the caller's labels reordered
+    y_true.copy_(y_true.sort().values)
+    return reference_balanced_accuracy(y_true, y_pred, num_classes)
 
 
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
-    (macro, r"macro average"),
-    (weighted_by_predictions, "weighted by how often they were predicted"),
     (accuracy, "that is the accuracy"),
-    (weighted_precision, "that is the weighted precision"),
-    (divided_by_classes, "divided by the number of classes"),
-    (nan_for_zero_division, "NaN on a collapsed model"),
+    (absent_classes_as_zero, "counted as recall 0"),
+    (mean_precision, "that is the mean precision"),
+    (macro_f1, "that is the macro F1"),
+    (nan_for_absent_classes, "NaN on"),
     (as_a_string, "return one number"),
+    (sorts_in_place, "changed y_true or y_pred in place"),
 ]
 
 
 def with_sklearn(y_true, y_pred, num_classes):
-    return f1_score(
-        y_true.numpy(), y_pred.numpy(), average="weighted", labels=list(range(num_classes)), zero_division=0
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "y_pred contains classes not in y_true"
+        return balanced_accuracy_score(y_true.numpy(), y_pred.numpy())
 
 
-def with_precision_and_recall(y_true, y_pred, num_classes):
-    tp, true, predicted = _counts(y_true, y_pred, num_classes)
-    precision = torch.where(predicted > 0, tp / predicted.clamp(min=1), 0.0)
-    recall = torch.where(true > 0, tp / true.clamp(min=1), 0.0)
-    f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
-    return (f1 * true).sum() / true.sum()  # a one-element tensor is accepted
+def with_nanmean(y_true, y_pred, num_classes):  # 0/0 as NaN, then a mean that skips NaN
+    tp, true, _ = _counts(y_true, y_pred, num_classes)
+    return (tp / true).nanmean()  # a one-element tensor is accepted
 
 
-RIGHT = [with_sklearn, with_precision_and_recall]
+RIGHT = [with_sklearn, with_nanmean]
 
 
 @pytest.mark.parametrize("wrong, hint", WRONG, ids=lambda v: getattr(v, "__name__", "hint"))
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=hint):
-        check_weighted_f1.check(wrong)
+        check_balanced_accuracy.check(wrong)
 
 
 @pytest.mark.parametrize("right", RIGHT, ids=lambda v: v.__name__)
 def test_other_right_answers_pass(right):
-    assert check_weighted_f1.check(right).startswith("✓ ")
+    assert check_balanced_accuracy.check(right).startswith("✓ ")
 
 
 @pytest.mark.parametrize("case", range(4))
-def test_the_reference_is_scikit_learns_weighted_f1(case):
+def test_the_reference_is_scikit_learns_balanced_accuracy(case):
     _, y_true, y_pred, num_classes = _cases()[case]
-    assert reference_weighted_f1(y_true, y_pred, num_classes) == pytest.approx(
+    assert reference_balanced_accuracy(y_true, y_pred, num_classes) == pytest.approx(
         with_sklearn(y_true, y_pred, num_classes), rel=1e-12
     )
-
-
-def test_a_changed_input_is_named():
-    def sorts_in_place(y_true, y_pred, num_classes):
-        y_true.copy_(y_true.sort().values)
-        return reference_weighted_f1(y_true, y_pred, num_classes)
-
-    with pytest.raises(AssertionError, match="changed y_true or y_pred in place"):
-        check_weighted_f1.check(sorts_in_place)

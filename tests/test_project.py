@@ -283,11 +283,11 @@ FORMATTED_AT_100 = {
     "06_multi_gpu.ipynb",
     "07_sharded_data_parallel.ipynb",
     "08_activation_checkpointing.ipynb",
+    "09_saving_and_resuming.ipynb",
+    "10_evaluation.ipynb",
     "11_faster_training.ipynb",
     "12_gpu_memory.ipynb",
     "13_serving.ipynb",
-    "09_saving_and_resuming.ipynb",
-    "10_evaluation.ipynb",
     "14_environment_appendix.ipynb",
 }
 
