@@ -112,9 +112,9 @@ def _run_rank(
         results.close()
         results.join_thread()
         os._exit(1)  # skip destroy_process_group: peers blocked in a collective must not wait on us
-    teardown_process_group()
     results.close()
-    results.join_thread()  # the report has reached the pipe
+    results.join_thread()  # the report has reached the pipe, even if leaving the group below hangs
+    teardown_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip the interpreter's shutdown: PyTorch's C++ destructors now and then abort a finished rank
