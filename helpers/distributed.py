@@ -95,9 +95,17 @@ def setup_process_group(
     return device
 
 
-def teardown_process_group() -> None:
-    """Leave and destroy the default process group, if there is one."""
+def teardown_process_group(*, synchronize: bool = False) -> None:
+    """Leave and destroy the default process group, if there is one.
+
+    Every rank first meets at a barrier: always in a world of one (no rank can be missing), and with
+    `synchronize=True` in a larger world, which only the end of a run that succeeded on every rank may pass (a
+    barrier that waits for a rank that failed would wait for the group's timeout). On torch 2.6 gloo's
+    destroy_process_group right after a collective now and then hangs; after a barrier it does not.
+    """
     if dist.is_available() and dist.is_initialized():
+        if synchronize or dist.get_world_size() == 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

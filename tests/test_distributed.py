@@ -83,6 +83,26 @@ def test_setup_and_teardown_a_world_of_one():
     assert is_rank0()
 
 
+@pytest.mark.parametrize(
+    "world_size, synchronize, calls",
+    [(1, False, ["barrier", "destroy"]), (2, True, ["barrier", "destroy"]), (2, False, ["destroy"])],
+)
+def test_teardown_meets_at_a_barrier_before_destroying_where_every_rank_can_reach_it(
+    monkeypatch, world_size, synchronize, calls
+):
+    """torch 2.6's gloo now and then hangs in destroy_process_group right after a collective; a barrier first
+    prevents it. A world of one always has it; a larger one only when asked, as a failed rank never arrives."""
+    import torch.distributed as dist
+
+    made = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: world_size)
+    monkeypatch.setattr(dist, "barrier", lambda: made.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: made.append("destroy"))
+    teardown_process_group(synchronize=synchronize)
+    assert made == calls
+
+
 def test_world_of_one_is_rank_0_of_1_inside_the_block_and_gone_after():
     import torch.distributed as dist
 

@@ -91,10 +91,14 @@ def train(config: TrainConfig, *, overwrite: bool = False) -> list[dict]:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the cores
     device = setup_process_group(rank, world_size, backend=backend, init_method=init_method, timeout_s=config.timeout_s)
     try:
-        return train_ddp(config, rank, world_size, device)
+        history = train_ddp(config, rank, world_size, device)
+    except BaseException:
+        teardown_process_group()  # no barrier: a rank that failed would keep the others waiting there
+        raise
     finally:
-        teardown_process_group()
         torch.set_num_threads(threads_before)
+    teardown_process_group(synchronize=True)  # every rank finished its run
+    return history
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[TrainConfig, bool]:
