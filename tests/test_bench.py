@@ -29,14 +29,14 @@ def test_notebook_durations_sums_cells_per_notebook(tmp_path):
         "<testsuites><testsuite>"
         '<testcase classname="notebooks.00_setup_and_devices.ipynb" name="Cell 0" file="notebooks/00_setup_and_devices.ipynb" time="1.5"/>'
         '<testcase classname="notebooks.00_setup_and_devices.ipynb" name="Cell 1" file="notebooks/00_setup_and_devices.ipynb" time="2.0"/>'
-        '<testcase classname="notebooks.02_training_loop.ipynb" name="Cell 0" file="notebooks/02_training_loop.ipynb" time="4.0"/>'
+        '<testcase classname="notebooks.03_training_loop.ipynb" name="Cell 0" file="notebooks/03_training_loop.ipynb" time="4.0"/>'
         '<testcase classname="tests.test_x" name="test_y" file="tests/test_x.py" time="9.0"/>'
         "</testsuite></testsuites>"
     )
     rows = bench.notebook_durations(report)
     assert rows == [
         {"notebook": "00_setup_and_devices.ipynb", "seconds": 3.5},
-        {"notebook": "02_training_loop.ipynb", "seconds": 4.0},
+        {"notebook": "03_training_loop.ipynb", "seconds": 4.0},
     ]
 
 

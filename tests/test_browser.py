@@ -2,7 +2,7 @@
 
 nbval runs every cell but never renders a widget or moves a slider. This test starts JupyterLab on a
 temporary copy of `notebooks/`, opens each notebook in Chromium through Playwright, checks that its
-knobs render, then runs notebook 02 in full, moves a knob, presses Run and checks that every cell below
+knobs render, then runs notebook 03 in full, moves a knob, presses Run and checks that every cell below
 ran again with the new value, down to the notebook's last section.
 It also builds the lessons' site (`make site`: scripts/build_site.py) and opens it from disk, with every request
 to anything but a file refused and recorded: the index links every lesson, and each lesson's page shows its plots,
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / ".screenshots"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-TRAINING_NOTEBOOK = "02_training_loop.ipynb"
+TRAINING_NOTEBOOK = "03_training_loop.ipynb"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -299,7 +299,7 @@ def _cell_index(cells, text: str) -> int:
 
 @pytest.mark.skipif(not (ROOT / "notebooks" / TRAINING_NOTEBOOK).exists(), reason=f"{TRAINING_NOTEBOOK} not present")
 def test_a_knob_change_reaches_every_section_below(browser, lab):
-    """Run notebook 02, move the epochs knob, press Run: the whole notebook below re-runs with the new value,
+    """Run notebook 03, move the epochs knob, press Run: the whole notebook below re-runs with the new value,
     down to the TensorBoard check in its last section."""
     path = ROOT / "notebooks" / TRAINING_NOTEBOOK
     cells = nbformat.read(path, as_version=4).cells

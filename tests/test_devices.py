@@ -48,7 +48,7 @@ def test_pick_device_gives_cuda_with_an_index_that_cuda_only_calls_accept(monkey
     device = pick_device(prefer)
     assert device == torch.device("cuda", 1)
     assert _get_device_index(device) == 1
-    with pytest.raises(ValueError, match="index"):  # what notebook 05 met on a GPU with the bare device
+    with pytest.raises(ValueError, match="index"):  # what notebook 06 met on a GPU with the bare device
         _get_device_index(torch.device("cuda"))
 
 

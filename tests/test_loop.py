@@ -579,7 +579,7 @@ def test_a_tf32_step_is_the_fp32_step_run_with_tf32_products_and_puts_the_settin
 
 
 def test_notebook_05s_table_on_a_gpu_from_ampere_on_fp32_tf32_bf16_fp16_and_autocast_against_tf32(monkeypatch):
-    """05's section 4 on an H100, rehearsed on the CPU: the four rows, and the 16-bit rows against tf32."""
+    """06's section 4 on an H100, rehearsed on the CPU: the four rows, and the 16-bit rows against tf32."""
     from helpers import loop
 
     monkeypatch.setattr(loop, "tf32_available", lambda device: (True, "TF32 here (patched)"))

@@ -143,11 +143,11 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
     code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     lessons = re.findall(r'fill_sizes\(globals\(\), "(\w+)"', code[1].source)
     expected = {
-        "05_mixed_precision": ["mixed_precision"],
-        "08_activation_checkpointing": ["checkpointing"],
-        "13_serving": ["inference"],
-        "11_faster_training": ["faster"],
-        "12_gpu_memory": ["gpu_memory"],
+        "06_mixed_precision": ["mixed_precision"],
+        "09_activation_checkpointing": ["checkpointing"],
+        "14_serving": ["inference"],
+        "12_faster_training": ["faster"],
+        "13_gpu_memory": ["gpu_memory"],
     }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
     parameters = {
@@ -189,7 +189,7 @@ def test_a_notebook_whose_needs_this_torch_lacks_is_skipped_with_the_reason(monk
     """07 declares it needs FSDP2 on its ranks: on torch 2.6 without a GPU per rank the run skips it, saying why."""
     import conftest
 
-    sharded = ROOT / "notebooks" / "07_sharded_data_parallel.ipynb"
+    sharded = ROOT / "notebooks" / "08_sharded_data_parallel.ipynb"
     assert "fsdp2" in nbformat.read(sharded, as_version=4).metadata["course"]["needs"]
     monkeypatch.setitem(conftest.NOTEBOOK_NEEDS, "fsdp2", lambda: (False, "FSDP2 on CPU ranks needs torch 2.7"))
     assert conftest.notebook_skip_reason(sharded) == "FSDP2 on CPU ranks needs torch 2.7"
@@ -229,7 +229,7 @@ def test_each_xdist_worker_gets_its_share_of_the_cores(monkeypatch):
 
 
 # Lessons whose device is chosen per rank by the process group's backend, not by the notebook.
-DEVICE_BY_RANKS = {"06_multi_gpu.ipynb", "07_sharded_data_parallel.ipynb"}
+DEVICE_BY_RANKS = {"07_multi_gpu.ipynb", "08_sharded_data_parallel.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -293,3 +293,4 @@ def test_notebook_code_is_formatted_at_100_characters(path):
         text=True,
     )
     assert done.returncode == 0, f"{path.name}: run `ruff format --isolated --line-length 100 {path}`\n{done.stdout}"
+

@@ -118,13 +118,13 @@ def test_without_gpu_log_the_rig_footer_names_the_gpu_and_arguments_override_it(
 def test_an_incomplete_or_failed_run_and_a_stranger_are_not_imported(tmp_path, capsys):
     runs = {
         LESSON: _executed(stop_at=3),
-        "02_training_loop": _executed("02_training_loop", error_at=4),
+        "03_training_loop": _executed("03_training_loop", error_at=4),
         "99_not_a_lesson": _executed(),
     }
     assert build_site.import_gpu_run(_tgz(tmp_path / "out", runs, GPU_LOG), tmp_path / "gpu") == []
     said = capsys.readouterr().out
     assert re.search(rf"{LESSON}: not imported, cell \d+ never ran", said)
-    assert "02_training_loop: not imported, cell" in said and "raised RuntimeError: CUDA out of memory" in said
+    assert "03_training_loop: not imported, cell" in said and "raised RuntimeError: CUDA out of memory" in said
     assert "99_not_a_lesson: not a lesson" in said
     assert not (tmp_path / "gpu").exists()
 
@@ -178,7 +178,7 @@ def test_a_lesson_page_links_its_gpu_run_and_a_lesson_without_one_says_so(tmp_pa
             pytest.skip(f"{module} is not installed (`make site` installs pyproject's site extra)")
     executed = tmp_path / "executed"
     executed.mkdir()
-    for stem in (LESSON, "02_training_loop"):
+    for stem in (LESSON, "03_training_loop"):
         nb = _executed(stem)
         nb.metadata["course_site"] = {
             "run": "cpu",
@@ -189,14 +189,14 @@ def test_a_lesson_page_links_its_gpu_run_and_a_lesson_without_one_says_so(tmp_pa
         nbformat.write(nb, executed / f"{stem}.ipynb")
     build_site.import_gpu_run(_tgz(tmp_path / "out", {LESSON: _executed()}, GPU_LOG), tmp_path / "gpu")
     sources, out = tmp_path / "src", tmp_path / "site"
-    build_site.assemble(executed, tmp_path / "gpu", sources, names=[LESSON, "02_training_loop"])
+    build_site.assemble(executed, tmp_path / "gpu", sources, names=[LESSON, "03_training_loop"])
     build_site.render(sources, out)
     with_gpu = _article((out / "lessons" / f"{LESSON}.html").read_text())
     assert f'href="../gpu/{LESSON}.html"' in with_gpu and "NVIDIA H200" in with_gpu
     gpu_page = _article((out / "gpu" / f"{LESSON}.html").read_text())
     assert "NVIDIA H200, torch 2.12.0+cu130, 2026-11-27" in gpu_page
     assert f'href="../lessons/{LESSON}.html"' in gpu_page and "✓ cell 1 checked" in gpu_page
-    without = _article((out / "lessons" / "02_training_loop.html").read_text())
+    without = _article((out / "lessons" / "03_training_loop.html").read_text())
     assert "no GPU run of this lesson is committed yet" in without
     assert 'class="reference internal" href="../gpu/' not in without, "a lesson without a GPU run links to none"
     index = (out / "index.html").read_text()

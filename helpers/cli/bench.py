@@ -67,7 +67,7 @@ def lesson_sizes(lesson: str, device: torch.device, quick: bool = False) -> dict
     return sizes | ({"batch": max(1, sizes["batch"] // 4)} if quick and device.type == "cuda" else {})
 
 
-# ---------------------------------------------------------------- 1. the loop's overhead (notebook 02's claim)
+# ---------------------------------------------------------------- 1. the loop's overhead (notebook 03's claim)
 def hand_loop(model, loader, optimizer, device, *, accumulation_steps=1, amp=None, progress=False):
     """The plain loop, written as a learner writes it: the reference the helpers must keep up with."""
     loader = progress_bar(loader, enabled=progress, leave=False)  # as train_epoch: shown only where someone watches
@@ -146,7 +146,7 @@ def loop_overhead(
     return tables
 
 
-# ---------------------------------------------------------------- 2. DataLoader (notebook 01's experiment)
+# ---------------------------------------------------------------- 2. DataLoader (notebook 02's experiment)
 def dataloader_throughput(device: torch.device, *, workers: Iterable[int], batch_sizes: Iterable[int]) -> list[Table]:
     """An epoch over the PNG digits on disk, by loader settings (workers, persistent workers, pinned memory)."""
     dataset = PngFolderDataset(export_digits_png(size=28) / "train")
@@ -170,11 +170,11 @@ def _read_epoch(loader, device: torch.device, non_blocking: bool) -> None:
         inputs.to(device, non_blocking=non_blocking)
 
 
-# ---------------------------------------------------------------- 3. activation checkpointing (notebook 08's)
+# ---------------------------------------------------------------- 3. activation checkpointing (notebook 09's)
 def activation_checkpointing(
     device: torch.device, *, width: int, depth: int, batch: int, repeat: int, segments: Sequence[int] = (0, 2, 5, 10)
 ) -> list[Table]:
-    """A step of notebook 08's deep Linear stack by checkpoint segment count (0: none): time, saved bytes, CUDA peak."""
+    """A step of notebook 09's deep Linear stack by checkpoint segment count (0: none): time, saved bytes, CUDA peak."""
     seed_everything(0)
     model, inputs = deep_linear_stack(width, depth).to(device), torch.randn(batch, width, device=device)
 
@@ -189,9 +189,9 @@ def activation_checkpointing(
     return [(f"{depth} x Linear {width}, batch {batch}", measured)]
 
 
-# ---------------------------------------------------------------- 4. mixed precision (notebook 05's)
+# ---------------------------------------------------------------- 4. mixed precision (notebook 06's)
 def mixed_precision(device: torch.device, *, width: int, depth: int, batch: int, repeat: int) -> list[Table]:
-    """A training step of notebook 05's MLP on 64 random features, in each precision worth comparing on `device`."""
+    """A training step of notebook 06's MLP on 64 random features, in each precision worth comparing on `device`."""
     seed_everything(0)
     model, inputs, targets = MLP(64, (width,) * depth, 10), torch.randn(batch, 64), torch.randint(0, 10, (batch,))
     steps = precision_steps(model, inputs, targets, precisions=precisions_for(device), device=device)
@@ -199,7 +199,7 @@ def mixed_precision(device: torch.device, *, width: int, depth: int, batch: int,
     return [(f"MLP, {depth} x {width}, batch {batch}", measured)]
 
 
-# ---------------------------------------------------------------- 5. inference (notebook 10's and 13's)
+# ---------------------------------------------------------------- 5. inference (notebook 11's and 14's)
 def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iterable[int], repeat: int) -> list[Table]:
     """A forward pass of the SmallCNN: plain, no_grad and inference_mode, by thread count and batch size."""
     seed_everything(0)

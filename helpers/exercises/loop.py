@@ -22,7 +22,7 @@ def reference_early_stopping(val_losses, patience, min_delta=0.0):
 
 
 def lesson_rule(val_losses: Sequence[float], patience: int) -> tuple[int, int]:
-    """Notebook 02's early-stopping loop (section 4) over given losses: (best epoch, stop epoch).
+    """Notebook 03's early-stopping loop (section 4) over given losses: (best epoch, stop epoch).
 
     An epoch is the best when its loss is below every earlier one; training stops `patience` epochs after
     the best, or at the last epoch.
