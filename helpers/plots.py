@@ -213,6 +213,36 @@ def image_grid(
     return figure
 
 
+def shard_chart(orders: Mapping[str, Sequence[Sequence[int]]], *, show: int, title: str = "") -> Figure:
+    """Which rank holds each of the samples 0 .. show - 1, one strip per named split of the data.
+
+    A split is a list of shards, one per rank, each a list of sample indices (as DistributedSampler yields them); a
+    sample held by no rank is left white, one held by two (a padding repeat) shows the lower rank.
+    """
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    from .checks import check_int
+
+    check_int("show", show)
+    if not orders:
+        raise ValueError("orders must hold at least one named split (a list of shards, one per rank)")
+    ranks = max(len(shards) for shards in orders.values())
+    if ranks == 0:
+        raise ValueError("every split must hold at least one shard")
+    owner = np.full((len(orders), show), np.nan)
+    for row, shards in enumerate(orders.values()):
+        for rank in reversed(range(len(shards))):  # the lower rank wins where the padding repeats a sample
+            held = [index for index in shards[rank] if 0 <= index < show]
+            owner[row, held] = rank
+    figure, ax = plt.subplots(figsize=(7, 0.45 * len(orders) + 1.1), layout="constrained")
+    colors = ListedColormap(plt.get_cmap("tab10").colors[:ranks])
+    image = ax.imshow(owner, aspect="auto", cmap=colors, vmin=-0.5, vmax=ranks - 0.5, interpolation="nearest")
+    ax.set(yticks=range(len(orders)), yticklabels=list(orders), xlabel="sample index", title=title)
+    figure.colorbar(image, ax=ax, ticks=range(ranks), label="rank", fraction=0.04)
+    return figure
+
+
 def confusion_matrix_plot(matrix, classes: Sequence[str], *, title: str = "confusion matrix") -> Figure:
     """A confusion matrix (rows: true class, columns: predicted) with counts in the cells."""
     from sklearn.metrics import ConfusionMatrixDisplay

@@ -12,7 +12,7 @@ from .devices import pick_device
 from .memory import format_bytes
 
 # The performance lessons' default sizes, by device. On a 2-core CPU: small enough that a notebook runs in about a
-# minute (06's large enough that a CPU with native bfloat16 shows it faster; 09's narrow with a wide batch, so its
+# minute (06's large enough that a CPU with native bfloat16 shows it faster; 10's narrow with a wide batch, so its
 # activations outweigh weights, gradients and Adam's moments there too, about 8 to 1). On a CUDA GPU: the sizes where
 # the technique's effect is real (tensor cores busy enough for AMP to pay off; activations well above weights +
 # gradients, so checkpointing moves the allocator's peak). "cuda" is the top of the lesson's CUDA_LADDERS, the size
@@ -29,7 +29,7 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "BATCH_SIZE": {"cpu": 1024, "cuda": 8192},
     },
     "inference": {"MAX_BATCH_SIZE": {"cpu": 256, "cuda": 4096}},
-    # 13's MLP: on a CPU 8 x 128 at batch 1024, deep enough for checkpointing to save and a batch about 10 times
+    # 14's MLP: on a CPU 8 x 128 at batch 1024, deep enough for checkpointing to save and a batch about 10 times
     # 16 bits' break-even, so every way out lowers the bytes saved for backward; on CUDA 06's sizes
     "gpu_memory": {
         "WIDTH": {"cpu": 128, "cuda": 4096},
@@ -45,7 +45,7 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
 
 # Each lesson's CUDA sizes, largest estimated peak first (estimate_bytes, with 70% of the free memory it must fit
 # in): sizes_for takes the first that fits. Every rung keeps the lesson's effect: 06's products stay at least
-# 2048 wide on batches of at least 8192, with activations well above the weights. 09's and 14's top rungs need
+# 2048 wide on batches of at least 8192, with activations well above the weights. 10's and 15's top rungs need
 # under 2 GiB, so one rung serves every GPU of 4 GB and up.
 CUDA_LADDERS: dict[str, list[dict[str, int]]] = {
     "mixed_precision": [
@@ -64,7 +64,7 @@ CUDA_LADDERS: dict[str, list[dict[str, int]]] = {
         {"WIDTH": 2048, "DEPTH": 8, "BATCH_SIZE": 8192},
     ],
     "inference": [{"MAX_BATCH_SIZE": 4096}],  # ~0.2 GiB
-    # 12's CNN on 28x28 digits: 128 channels make its second convolution ~1.4 GFLOP per image (forward and
+    # 13's CNN on 28x28 digits: 128 channels make its second convolution ~1.4 GFLOP per image (forward and
     # backward), so a batch of 1024 keeps even an H100 busy for tens of ms per step in float32; COPIES of the
     # 1,347 training digits keep 21 optimizer steps per epoch at every rung (BATCH_SIZE / 64 copies).
     "faster": [
@@ -78,7 +78,7 @@ FREE_MEMORY_SHARE = 0.7  # the share of the free GPU memory a lesson's estimated
 
 _FLOAT = 4  # bytes of a float32
 _DIGIT_PIXELS = 28 * 28  # 11 trains on the digits upscaled to MNIST's size
-_POST_MODEL_PARAMETERS = 71 * (1000 * 1000 + 1000) + 1000 * 100 + 100  # 09's 72-layer model of the post
+_POST_MODEL_PARAMETERS = 71 * (1000 * 1000 + 1000) + 1000 * 100 + 100  # 10's 72-layer model of the post
 
 
 def _check_lesson(lesson: object) -> str:

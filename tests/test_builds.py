@@ -1,5 +1,5 @@
 """Builds without NCCL or CUDA (PyPI's macOS and Windows wheels, CPU-only builds): the distributed helpers and
-lessons 07 and 08 run in a process that sees such a build (`dist.is_nccl_available()` is False, the nccl default
+lessons 07, 08 and 09 run in a process that sees such a build (`dist.is_nccl_available()` is False, the nccl default
 timeout None, `torch.version.cuda` None), made by a sitecustomize module that every Python started below imports."""
 
 from pathlib import Path
@@ -55,7 +55,7 @@ def test_a_world_of_one_forms_without_nccl(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["07_multi_gpu", "08_sharded_data_parallel"])
+@pytest.mark.parametrize("name", ["07_processes_and_collectives", "08_data_parallel", "09_sharded_data_parallel"])
 def test_the_distributed_lessons_pass_on_a_build_without_nccl(tmp_path, monkeypatch, name):
     from nbclient import NotebookClient
 
@@ -76,5 +76,5 @@ def test_the_distributed_lessons_pass_on_a_build_without_nccl(tmp_path, monkeypa
         output.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
     )
     assert "probe: False None" in printed  # the kernel saw a build without NCCL or CUDA
-    if name == "07_multi_gpu":
+    if name == "07_processes_and_collectives":
         assert "none under nccl" in printed  # its timeouts cell, where NCCL's default is missing

@@ -890,7 +890,7 @@ def test_validation_losses_reads_every_save_a_run_printed(tmp_path, capsys, one_
 
 
 def test_a_dataloader_pass_draws_from_the_global_random_stream_unless_it_has_its_own_generator():
-    """Notebook 10: why the command-line run gives each DataLoader its own generator (the dropout masks come from
+    """Notebook 11: why the command-line run gives each DataLoader its own generator (the dropout masks come from
     the global stream, so a resumed run would draw other masks)."""
     from torch.utils.data import DataLoader, TensorDataset
 

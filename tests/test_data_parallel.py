@@ -1,4 +1,4 @@
-"""nn.DataParallel's behaviour, as notebook 07's table states it (section 1): an ordinary model uses one device, the
+"""nn.DataParallel's behaviour, as notebook 08's table states it (section 1): an ordinary model uses one device, the
 batch is cut like torch.chunk (fewer pieces than GPUs for a small batch), what forward sets on a replica is lost, a
 replica has no parameters() ("StopIteration in replica 0"), and a loss computed in forward comes back one per GPU,
 whose plain mean is the batch's only for equal pieces. On the CPU the four steps of DataParallel's forward are played

@@ -1,4 +1,4 @@
-"""The fit_in_micro_batches exercise (notebook 13) gives each kind of mistake its own hint."""
+"""The fit_in_micro_batches exercise (notebook 14) gives each kind of mistake its own hint."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
 """helpers.workers.fsdp: sharding each block and the root, local bytes, counted collectives, and (slow) the ranks of
-notebook 08: shards of ⌈rows / world⌉ rows, about 1/world of the bytes each, and the weights DDP and one process reach."""
+notebook 09: shards of ⌈rows / world⌉ rows, about 1/world of the bytes each, and the weights DDP and one process reach."""
 
 import math
 
@@ -46,7 +46,7 @@ def test_shard_model_wraps_every_linear_and_the_root_with_dtensor_parameters():
 @needs_fsdp2_on_cpu
 def test_shard_model_keeps_cpu_ranks_shards_on_the_cpu_even_where_an_accelerator_is_the_default(monkeypatch):
     """On a one-GPU machine FSDP2's default mesh is CUDA's, which gloo ranks cannot gather: every call gets a mesh
-    of the model's own device (the cause of notebook 08's failure on an H100 with 2 ranks on gloo)."""
+    of the model's own device (the cause of notebook 09's failure on an H100 with 2 ranks on gloo)."""
     calls = []
     real = workers.fully_shard
     monkeypatch.setattr(workers, "fully_shard", lambda module, **kwargs: calls.append(kwargs) or real(module, **kwargs))
@@ -146,7 +146,7 @@ def test_train_steps_of_all_ranks_average_to_one_process_gradient():
 
 
 def test_the_lesson_workers_shard_and_step_with_the_functions_notebook_07_gives_them(tmp_path):
-    """Notebook 08's cell passes its own shard_model and train_steps: every model the workers build goes through them
+    """Notebook 09's cell passes its own shard_model and train_steps: every model the workers build goes through them
     (here a `shard` that leaves the model whole, so this runs on any torch, in a world of one)."""
     options, steps = [], []
 

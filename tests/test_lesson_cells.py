@@ -1,4 +1,4 @@
-"""The techniques that ranks run are notebook cells: notebook 07's DDP training step and notebook 08's sharding and
+"""The techniques that ranks run are notebook cells: notebook 08's DDP training step and notebook 09's sharding and
 step are `%%writefile` cells that write the module the ranks import (`lesson_ddp.py`, `lesson_fsdp.py`). These tests
 take each cell as stored, write its module as the kernel does, and launch ranks on it; then on a copy edited as a
 learner would edit the cell (a step that forgets `sampler.set_epoch`, blocks that stay gathered after forward), and
@@ -21,7 +21,7 @@ from helpers.workers import fsdp
 from helpers.workers.common import train_validation_split
 
 ROOT = Path(__file__).resolve().parent.parent
-DDP_NOTEBOOK, FSDP_NOTEBOOK = "07_multi_gpu.ipynb", "08_sharded_data_parallel.ipynb"
+DDP_NOTEBOOK, FSDP_NOTEBOOK = "08_data_parallel.ipynb", "09_sharded_data_parallel.ipynb"
 
 SHARDS_ON_CPU, NO_SHARDING_WHY = compat.fsdp2_runs_on("cpu")
 needs_fsdp2_on_cpu = pytest.mark.skipif(not SHARDS_ON_CPU, reason=NO_SHARDING_WHY)
@@ -126,7 +126,7 @@ def test_a_ddp_step_that_forgets_set_epoch_trains_every_epoch_on_epoch_0_s_shard
 @pytest.mark.slow
 @needs_fsdp2_on_cpu
 def test_blocks_left_gathered_after_forward_make_one_all_gather_fewer_per_block(tmp_path, monkeypatch):
-    """Notebook 08's exercise 4: OPTIONS = {"reshard_after_forward": False} in the sharding cell, rerun, relaunch."""
+    """Notebook 09's exercise 4: OPTIONS = {"reshard_after_forward": False} in the sharding cell, rerun, relaunch."""
     stored_text = cell_module(FSDP_NOTEBOOK, "lesson_fsdp.py")
     old = 'OPTIONS = {"reshard_after_forward": True}'
     kept_text = edited(stored_text, old, old.replace("True", "False"))
@@ -149,7 +149,7 @@ def test_blocks_left_gathered_after_forward_make_one_all_gather_fewer_per_block(
 
 
 def test_the_edits_these_tests_make_are_the_ones_the_notebooks_suggest():
-    """07's exercise 4 deletes set_epoch in the step's cell; 08's exercise 4 sets reshard_after_forward to False."""
+    """08's exercise 4 deletes set_epoch in the step's cell; 09's exercise 4 sets reshard_after_forward to False."""
     text = {
         name: " ".join(c.source for c in nbformat.read(ROOT / "notebooks" / name, as_version=4).cells)
         for name in (DDP_NOTEBOOK, FSDP_NOTEBOOK)

@@ -248,7 +248,7 @@ def test_cuda_allocator_bytes_refuses_what_is_not_a_byte_count(nbytes):
 
 
 def test_the_posts_memory_drops_are_the_state_of_layers_the_reentrant_segments_left_untrained():
-    """Notebook 09's published table: 72 Linear layers (71 of 1000 x 1000, one 1000 x 100), a data input, Adam and
+    """Notebook 10's published table: 72 Linear layers (71 of 1000 x 1000, one 1000 x 100), a data input, Adam and
     checkpoint_sequential's reentrant variant at 0 / 2 / 5 / 10 segments, 1717 / 1283 / 1043 / 959 MB. Each drop is
     the gradient and two Adam moments of the layers left without a gradient: at the CUDA allocator's cost of each
     tensor it matches to 1%; counted exactly in bytes (MiB), it falls at least 3% short."""
@@ -278,7 +278,7 @@ def test_the_posts_memory_drops_are_the_state_of_layers_the_reentrant_segments_l
 
 
 def test_one_adam_step_at_lr_0_adds_two_moments_and_leaves_the_weights():
-    """Notebook 09's account of a deep stack's fixed memory: after a step and one Adam step at lr 0, the gradients
+    """Notebook 10's account of a deep stack's fixed memory: after a step and one Adam step at lr 0, the gradients
     are as large as the weights, Adam's state at least twice that (two moments and a step counter per parameter),
     and the weights have not moved."""
     model = deep_linear_stack(8, 3)

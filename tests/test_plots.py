@@ -236,3 +236,27 @@ def test_branch_chart_refuses_a_branch_of_another_length_or_a_split_outside_the_
         branch_chart([1, 2, 3], {"b": [1, 2, 3]}, at=3, **labels)
     with pytest.raises(ValueError, match="branches"):
         branch_chart([1, 2, 3], {}, at=1, **labels)
+
+
+def test_shard_chart_colours_each_sample_by_the_rank_that_holds_it():
+    from helpers.plots import shard_chart
+
+    orders = {"epoch 0": [[0, 2, 4], [1, 3, 0]], "epoch 1": [[3, 1, 0], [2, 4, 3]]}
+    figure = shard_chart(orders, show=5, title="shards")
+    owner = figure.axes[0].images[0].get_array()
+    assert owner.shape == (2, 5)
+    assert list(owner[0]) == [0, 1, 0, 1, 0]  # sample 0 is rank 0's, though rank 1 repeats it as padding
+    assert list(owner[1]) == [0, 0, 1, 0, 1]
+    assert [label.get_text() for label in figure.axes[0].get_yticklabels()] == ["epoch 0", "epoch 1"]
+    figure.clear()
+
+
+def test_shard_chart_refuses_an_empty_split_or_a_bad_count():
+    from helpers.plots import shard_chart
+
+    with pytest.raises(ValueError, match="at least one named split"):
+        shard_chart({}, show=4)
+    with pytest.raises(ValueError, match="at least one shard"):
+        shard_chart({"none": []}, show=4)
+    with pytest.raises((ValueError, TypeError), match="show"):
+        shard_chart({"a": [[0]]}, show=0)

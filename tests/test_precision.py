@@ -166,7 +166,7 @@ def _device_arguments(scope: ast.AST) -> list[ast.expr | None]:
 
 
 def test_every_memory_fraction_call_gets_an_indexed_device_made_where_it_is_called(monkeypatch):
-    """get/set_per_process_memory_fraction raise ValueError for torch.device("cuda") (what 06's memory section, now notebook 13's, met on an H100). Each
+    """get/set_per_process_memory_fraction raise ValueError for torch.device("cuda") (what 06's memory section, now notebook 14's, met on an H100). Each
     call's device must be made indexed in its own cell or test, from any device the notebook picked: evaluated here
     with a bare `device` and current_device() patched, it must pass torch's own index check."""
     from torch.cuda._utils import _get_device_index
@@ -194,4 +194,4 @@ def test_every_memory_fraction_call_gets_an_indexed_device_made_where_it_is_call
             except ValueError as error:  # what torch raises for an index-less device
                 pytest.fail(f"{where}: {ast.unparse(argument)} is {device!r}, and torch says: {error}")
             checked += 1
-    assert checked >= 4  # notebook 13's out-of-memory cell and tests/test_precision.py, two calls each at least
+    assert checked >= 4  # notebook 14's out-of-memory cell and tests/test_precision.py, two calls each at least

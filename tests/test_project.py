@@ -144,10 +144,10 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
     lessons = re.findall(r'fill_sizes\(globals\(\), "(\w+)"', code[1].source)
     expected = {
         "06_mixed_precision": ["mixed_precision"],
-        "09_activation_checkpointing": ["checkpointing"],
-        "14_serving": ["inference"],
-        "12_faster_training": ["faster"],
-        "13_gpu_memory": ["gpu_memory"],
+        "10_activation_checkpointing": ["checkpointing"],
+        "15_serving": ["inference"],
+        "13_faster_training": ["faster"],
+        "14_gpu_memory": ["gpu_memory"],
     }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
     parameters = {
@@ -186,10 +186,10 @@ def test_notebook_fits_the_reading_budget(path):
 
 
 def test_a_notebook_whose_needs_this_torch_lacks_is_skipped_with_the_reason(monkeypatch):
-    """07 declares it needs FSDP2 on its ranks: on torch 2.6 without a GPU per rank the run skips it, saying why."""
+    """09 declares it needs FSDP2 on its ranks: on torch 2.6 without a GPU per rank the run skips it, saying why."""
     import conftest
 
-    sharded = ROOT / "notebooks" / "08_sharded_data_parallel.ipynb"
+    sharded = ROOT / "notebooks" / "09_sharded_data_parallel.ipynb"
     assert "fsdp2" in nbformat.read(sharded, as_version=4).metadata["course"]["needs"]
     monkeypatch.setitem(conftest.NOTEBOOK_NEEDS, "fsdp2", lambda: (False, "FSDP2 on CPU ranks needs torch 2.7"))
     assert conftest.notebook_skip_reason(sharded) == "FSDP2 on CPU ranks needs torch 2.7"
@@ -229,7 +229,11 @@ def test_each_xdist_worker_gets_its_share_of_the_cores(monkeypatch):
 
 
 # Lessons whose device is chosen per rank by the process group's backend, not by the notebook.
-DEVICE_BY_RANKS = {"07_multi_gpu.ipynb", "08_sharded_data_parallel.ipynb"}
+DEVICE_BY_RANKS = {
+    "07_processes_and_collectives.ipynb",
+    "08_data_parallel.ipynb",
+    "09_sharded_data_parallel.ipynb",
+}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -149,7 +149,7 @@ def test_checkpointing_parts_match_the_meters(width, depth, batch):
 
 @pytest.mark.parametrize("sizes", [CPU_STACK, *CUDA_LADDERS["checkpointing"]], ids=lambda sizes: str(sizes))
 def test_checkpointing_sizes_let_activations_dominate_on_every_device(sizes):
-    """09's lesson needs activations well above weights + gradients + Adam's moments, or checkpointing barely moves
+    """10's lesson needs activations well above weights + gradients + Adam's moments, or checkpointing barely moves
     the total: at least twice the rest at every default size (the CPU's about 8 times, the CUDA rung's about 2)."""
     parts = memory_parts("checkpointing", sizes)
     rest = parts["weights"] + parts["gradients"] + parts["optimizer_state"]
@@ -205,7 +205,7 @@ def test_smallcnn_parameters_counts_the_models_parameters(channels):
 
 @pytest.mark.parametrize("channels, batch", [(4, 8), (8, 16), (16, 5)])
 def test_faster_parts_match_the_meters(channels, batch):
-    """12's estimate: SmallCNN(channels) on 28x28 digits, float32, one AdamW step."""
+    """13's estimate: SmallCNN(channels) on 28x28 digits, float32, one AdamW step."""
     torch.manual_seed(0)
     model = SmallCNN(channels=channels)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -231,7 +231,7 @@ def test_faster_keeps_the_same_steps_per_epoch_on_every_rung():
 
 
 def test_gpu_memory_is_05s_mlp_and_its_cpu_sizes_let_activations_outweigh_the_weights():
-    """13 measures the MLP of 06: the same parts at the same sizes; on a CPU its activations are several times
+    """14 measures the MLP of 06: the same parts at the same sizes; on a CPU its activations are several times
     its weights, so each way out (micro-batches, 16 bits, checkpointing) has bytes to save."""
     cpu = sizes_for("gpu_memory", "cpu")
     assert cpu == {"WIDTH": 128, "DEPTH": 8, "BATCH_SIZE": 1024}

@@ -170,11 +170,11 @@ def _read_epoch(loader, device: torch.device, non_blocking: bool) -> None:
         inputs.to(device, non_blocking=non_blocking)
 
 
-# ---------------------------------------------------------------- 3. activation checkpointing (notebook 09's)
+# ---------------------------------------------------------------- 3. activation checkpointing (notebook 10's)
 def activation_checkpointing(
     device: torch.device, *, width: int, depth: int, batch: int, repeat: int, segments: Sequence[int] = (0, 2, 5, 10)
 ) -> list[Table]:
-    """A step of notebook 09's deep Linear stack by checkpoint segment count (0: none): time, saved bytes, CUDA peak."""
+    """A step of notebook 10's deep Linear stack by checkpoint segment count (0: none): time, saved bytes, CUDA peak."""
     seed_everything(0)
     model, inputs = deep_linear_stack(width, depth).to(device), torch.randn(batch, width, device=device)
 
@@ -199,7 +199,7 @@ def mixed_precision(device: torch.device, *, width: int, depth: int, batch: int,
     return [(f"MLP, {depth} x {width}, batch {batch}", measured)]
 
 
-# ---------------------------------------------------------------- 5. inference (notebook 11's and 14's)
+# ---------------------------------------------------------------- 5. inference (notebook 12's and 14's)
 def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iterable[int], repeat: int) -> list[Table]:
     """A forward pass of the SmallCNN: plain, no_grad and inference_mode, by thread count and batch size."""
     seed_everything(0)

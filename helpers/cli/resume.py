@@ -6,7 +6,7 @@ Kill it (Ctrl-C, `kill -9`) and run the same command again: it resumes in the mi
 must, and ends with the same weights, bit for bit, as a run that was never interrupted. It prints
 `saved step N <file> (validation loss L)` after each checkpoint. A newest checkpoint that cannot be read
 (a bad copy, a disk error) is set aside as `<name>.corrupt`, with a `skipped ...` line saying why, and the
-run resumes from the newest one that loads. Notebook 10 writes the same run out by hand.
+run resumes from the newest one that loads. Notebook 11 writes the same run out by hand.
 
 A checkpoint records the settings that shape its run (seed, total steps, dropout, batch size, model and
 optimizer). Resuming with other settings is refused, naming each one and both values, because the run would

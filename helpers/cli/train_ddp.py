@@ -19,13 +19,13 @@ also allows elastic ranges such as --nnodes=1:4 and restarts with --max_restarts
         --rdzv_endpoint=10.0.0.1:29400 -m helpers.cli.train_ddp --epochs 5
 
 `--strategy fsdp` shards the model, its gradients and its optimizer state over the ranks instead
-(`fully_shard`, notebook 08); every command above takes it, e.g. on one machine:
+(`fully_shard`, notebook 09); every command above takes it, e.g. on one machine:
 
     torchrun --standalone --nproc_per_node=2 -m helpers.cli.train_ddp --strategy fsdp --epochs 5 --out runs/fsdp
 
 torchrun gives every process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the script
 reads them through init_process_group("env://"). Run without torchrun it trains as a world of one.
-The training itself is helpers.workers.training.train_ddp, the step notebook 07 writes in a cell and checks against
+The training itself is helpers.workers.training.train_ddp, the step notebook 08 writes in a cell and checks against
 this run (with --strategy
 fsdp the same loop on a model sharded by helpers.workers.fsdp.shard_model): only rank 0 logs and writes the checkpoint (the
 bare model's state_dict, without DDP's `module.` prefix; under FSDP the whole model, gathered from

@@ -1,4 +1,4 @@
-"""When a step does not fit (notebook 13): write `fit_in_micro_batches(step, batch_size)`, which retries an
+"""When a step does not fit (notebook 14): write `fit_in_micro_batches(step, batch_size)`, which retries an
 out-of-memory step with twice the micro-batches each time, outside the `except` block, until it fits."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""What every rank of notebooks 07 and 08 and the torchrun script share: this rank's device, the seeded course MLP,
-the digits a step uses, and the training run's settings. The modules that notebooks 07 and 08 write from a cell
+"""What every rank of notebooks 07, 08 and 09 and the torchrun script share: this rank's device, the seeded course MLP,
+the digits a step uses, and the training run's settings. The modules that notebooks 08 and 09 write from a cell
 (`lesson_ddp.py`, `lesson_fsdp.py`) import from here too.
 
-helpers.workers.ddp (notebook 07's ranks), helpers.workers.fsdp (notebook 08's) and helpers.workers.training (the
+helpers.workers.ddp (the ranks of notebooks 07 and 08), helpers.workers.fsdp (notebook 09's) and helpers.workers.training (the
 training run of `torchrun -m helpers.cli.train_ddp`) import from here, and never from each other's level up:
 common <- ddp, fsdp <- training.
 """
@@ -23,7 +23,7 @@ from helpers.data import DigitsDataset
 from helpers.distributed import rank_device
 from helpers.models import MLP
 
-STRATEGIES = ("ddp", "fsdp")  # a whole copy of the model per rank (DDP), or a shard per rank (FSDP2, notebook 08)
+STRATEGIES = ("ddp", "fsdp")  # a whole copy of the model per rank (DDP), or a shard per rank (FSDP2, notebook 09)
 
 
 def local_device() -> torch.device:

@@ -1,8 +1,8 @@
-"""The small rank functions of notebook 07: who is who, point-to-point and collectives, buffers, the sampler,
+"""The small rank functions of notebooks 07 and 08: who is who, point-to-point and collectives, buffers, the sampler,
 gradients averaged by hand, by DDP and under no_sync, and failures for the launcher's checks.
 
 A spawned rank imports its function by name, so these live in a module. The lesson's training step is not here:
-a cell of notebook 07 writes it into the module its ranks import (`lesson_ddp.py`), so the learner's edit is what
+a cell of notebook 08 writes it into the module its ranks import (`lesson_ddp.py`), so the learner's edit is what
 the ranks run; helpers.workers.training holds the same loop for the torchrun script (`train_ddp`) and its
 one-process twin. helpers.processes.launch calls each worker as worker(rank, world_size, *args) with the default
 process group already set up; the workers return plain values or tensors.

@@ -1,7 +1,7 @@
-"""What the ranks of notebook 08 run around the lesson: FSDP2 (`fully_shard`) beside DDP, their collectives
+"""What the ranks of notebook 09 run around the lesson: FSDP2 (`fully_shard`) beside DDP, their collectives
 counted, and distributed checkpoints.
 
-The lesson itself, how a model is sharded and the training step, is a cell of notebook 08 that writes the module
+The lesson itself, how a model is sharded and the training step, is a cell of notebook 09 that writes the module
 the ranks import (`lesson_fsdp.py`); its workers call the ones here with its own `shard` and `train` functions,
 so an edit in that cell changes what the ranks compute. `shard_model` and `train_steps` below are the same two
 functions for everything else: the defaults of these workers, the tests, and the training run of
@@ -178,7 +178,7 @@ def parity_worker(
 ) -> dict:
     """DDP and FSDP from the same weights, the same steps on the same batches: shards, bytes, collectives, weights.
 
-    `shard` shards the FSDP model, `train` takes the steps of both (notebook 08 passes its own)."""
+    `shard` shards the FSDP model, `train` takes the steps of both (notebook 09 passes its own)."""
     device = local_device()
     batches = step_batches(seed, steps, world_size * batch_per_rank)
     ddp_calls: list = []

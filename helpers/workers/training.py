@@ -2,7 +2,7 @@
 one-process twin on the very batches the ranks see together (`train_one_process`), validation sharded over the
 ranks without padding, and the sharded model gathered into one plain file at the end.
 
-Notebook 07 writes the same DDP loop in a cell (the module `lesson_ddp.py` its ranks import) and checks that it
+Notebook 08 writes the same DDP loop in a cell (the module `lesson_ddp.py` its ranks import) and checks that it
 ends at the weights `train_ddp` reaches; this module adds logging, a progress bar, FSDP and the checkpoint files.
 """
 
