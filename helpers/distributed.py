@@ -95,18 +95,32 @@ def setup_process_group(
     return device
 
 
-def teardown_process_group(*, synchronize: bool = False) -> None:
+def teardown_process_group() -> None:
     """Leave and destroy the default process group, if there is one.
 
-    Every rank first meets at a barrier: always in a world of one (no rank can be missing), and with
-    `synchronize=True` in a larger world, which only the end of a run that succeeded on every rank may pass (a
-    barrier that waits for a rank that failed would wait for the group's timeout). On torch 2.6 gloo's
-    destroy_process_group right after a collective now and then hangs; after a barrier it does not.
+    A world of one meets at a barrier first: on torch 2.6 gloo's destroy_process_group right after a collective now
+    and then hangs; after a barrier it does not. A larger world gets none: a rank that failed would never arrive.
     """
     if dist.is_available() and dist.is_initialized():
-        if synchronize or dist.get_world_size() == 1:
+        if dist.get_world_size() == 1:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def finish_run() -> None:
+    """The end of a run that succeeded on every rank, in a process about to exit with os._exit.
+
+    A world of one leaves and destroys its group (teardown_process_group). A rank of several meets the others at a
+    barrier and keeps the group, which ends with its process: on torch 2.6, gloo's destroy_process_group now and
+    then hangs in a rank whose peers have already left, even after a barrier (2 torchrun runs in 10 on a busy
+    2-core machine), and os._exit skips it.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() == 1:
+        teardown_process_group()
+    else:
+        dist.barrier()
 
 
 @contextlib.contextmanager

@@ -41,8 +41,8 @@ from helpers.distributed import (
     _check_timeout,
     default_backend,
     find_free_port,
+    finish_run,
     setup_process_group,
-    teardown_process_group,
 )
 
 INIT_METHODS = ("env", "tcp", "file")
@@ -114,7 +114,7 @@ def _run_rank(
         os._exit(1)  # skip destroy_process_group: peers blocked in a collective must not wait on us
     results.close()
     results.join_thread()  # the report has reached the pipe, even if leaving the group below hangs
-    teardown_process_group(synchronize=True)  # launch stops a rank left waiting here by a failed one
+    finish_run()  # a barrier (launch stops a rank left waiting there by a failed one); os._exit below
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip the interpreter's shutdown: PyTorch's C++ destructors now and then abort a finished rank

@@ -47,6 +47,7 @@ from helpers.compat import fsdp2_runs_on
 from helpers.distributed import (
     default_backend,
     find_free_port,
+    finish_run,
     rank_device,
     setup_process_group,
     teardown_process_group,
@@ -75,8 +76,9 @@ def check_out_folder(config: TrainConfig, world_size: int, *, overwrite: bool = 
 
 
 def train(config: TrainConfig, *, overwrite: bool = False) -> list[dict]:
-    """Join the process group torchrun describes (or a world of one), run train_ddp, leave the group. A folder
-    config.out that holds another run's files is refused unless `overwrite` (check_out_folder)."""
+    """Join the process group torchrun describes (or a world of one), run train_ddp, leave the group (a rank of
+    several leaves it with its process: see finish_run). A folder config.out that holds another run's files is
+    refused unless `overwrite` (check_out_folder)."""
     if "RANK" in os.environ:  # started by torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
         rank, world_size, init_method = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://"
     else:  # started with plain python: a world of one, on a free local port
@@ -97,7 +99,7 @@ def train(config: TrainConfig, *, overwrite: bool = False) -> list[dict]:
         raise
     finally:
         torch.set_num_threads(threads_before)
-    teardown_process_group(synchronize=True)  # every rank finished its run
+    finish_run()  # every rank finished: a world of one leaves its group, a rank of several with its process
     return history
 
 
@@ -163,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    # The run is over: the process group is destroyed and the files are written and closed. Leave
-    # without the interpreter's shutdown, where PyTorch's C++ destructors now and then abort a rank
+    # The run is over: every rank passed the final barrier, and the files are written and closed. Leave
+    # without destroy_process_group (see finish_run) and without the interpreter's shutdown, where PyTorch's C++ destructors now and then abort a rank
     # that finished cleanly ("terminate called without an active exception", exit code -6), which
     # torchrun would then report as a failed run.
     sys.stdout.flush()
