@@ -299,13 +299,14 @@ def test_notebook_code_is_formatted_at_100_characters(path):
     assert done.returncode == 0, f"{path.name}: run `ruff format --isolated --line-length 100 {path}`\n{done.stdout}"
 
 
-# Pyflakes (unused imports, undefined names, f-strings without fields) and bugbear, minus the closures over a loop
-# variable that timing cells call at once, and zip() without strict= over equal-length sequences.
-NOTEBOOK_LINT = ["--select", "F,E9,B", "--ignore", "B023,B905"]
+# Pyflakes (unused imports, undefined names, f-strings without fields), bugbear (minus the closures over a loop
+# variable that timing cells call at once, and zip() without strict= over equal-length sequences), and one claim per
+# assert (PT018: `assert a and b` is two asserts, unless a noqa says why it is one fact).
+NOTEBOOK_LINT = ["--select", "F,E9,B,PT018", "--ignore", "B023,B905"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_code_passes_pyflakes_and_bugbear(path):
+def test_notebook_code_passes_pyflakes_bugbear_and_one_claim_per_assert(path):
     import shutil
     import subprocess
 
