@@ -164,6 +164,13 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
             )
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_lesson_says_how_long_it_takes_in_its_first_cell(path):
+    """The intro states the study time ('Study time: about an hour.'), which the site's index shows too."""
+    first = nbformat.read(path, as_version=4).cells[0]
+    assert re.search(r"^Study time: about [\w ]+\.$", first.source, re.M), f"{path.name}: no 'Study time: about ...'"
+
+
 # A lesson is read in one sitting (STYLE.md): at most this much code and prose, in short cells.
 BUDGET = {"code lines": 400, "markdown words": 2500, "median code cell": 12}
 
