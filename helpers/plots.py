@@ -236,7 +236,7 @@ def shard_chart(orders: Mapping[str, Sequence[Sequence[int]]], *, show: int, tit
             held = [index for index in shards[rank] if 0 <= index < show]
             owner[row, held] = rank
     figure, ax = plt.subplots(figsize=(7, 0.45 * len(orders) + 1.1), layout="constrained")
-    colors = ListedColormap(plt.get_cmap("tab10").colors[:ranks])
+    colors = ListedColormap(plt.get_cmap("tab10")(np.arange(ranks)))  # one of tab10's colours per rank
     image = ax.imshow(owner, aspect="auto", cmap=colors, vmin=-0.5, vmax=ranks - 0.5, interpolation="nearest")
     ax.set(yticks=range(len(orders)), yticklabels=list(orders), xlabel="sample index", title=title)
     figure.colorbar(image, ax=ax, ticks=range(ranks), label="rank", fraction=0.04)

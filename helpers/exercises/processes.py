@@ -23,7 +23,8 @@ def reference_shard_indices(n: int, rank: int, world_size: int, seed: int, epoch
 
 
 def _expected(n: int, rank: int, world_size: int, seed: int, epoch: int) -> list[int]:
-    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed)
+    indices: Any = range(n)  # the sampler needs only the data's length
+    sampler: DistributedSampler = DistributedSampler(indices, num_replicas=world_size, rank=rank, seed=seed)
     sampler.set_epoch(epoch)
     return list(sampler)
 
