@@ -200,7 +200,13 @@ def test_a_lesson_page_links_its_gpu_run_and_a_lesson_without_one_says_so(tmp_pa
     assert "no GPU run of this lesson is committed yet" in without
     assert 'class="reference internal" href="../gpu/' not in without, "a lesson without a GPU run links to none"
     index = (out / "index.html").read_text()
-    assert index.count('href="lessons/') >= 2 and "about an hour" in index and "none yet" in index
+    stated = [
+        build_site.study_time(nbformat.read(executed / f"{stem}.ipynb", as_version=4))
+        for stem in (LESSON, "03_training_loop")
+    ]
+    assert index.count('href="lessons/') >= 2
+    assert all(time in index for time in stated), f"the index shows each lesson's study time, {stated}"
+    assert "none yet" in index
     pages = [(out / name).read_text() for name in ("index.html", f"lessons/{LESSON}.html", f"gpu/{LESSON}.html")]
     assert not re.search(r"""<(?:script|link|img)[^>]+(?:src|href)="https?://""", "".join(pages)), (
         "nothing from the web"
