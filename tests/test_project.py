@@ -290,19 +290,20 @@ def test_no_notebook_code_line_is_longer_than_100_characters(path):
     assert not long, f"{path.name}: {len(long)} code line(s) over 100 characters, e.g. {long[0]!r}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_code_is_formatted_at_100_characters(path):
+def _ruff(*arguments: str):
+    """ruff from this environment (the dev extra), run on the given arguments; the test skips without it."""
     import shutil
     import subprocess
 
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed here (the dev extra)")
-    done = subprocess.run(
-        [ruff, "format", "--isolated", "--line-length", "100", "--check", str(path)],
-        capture_output=True,
-        text=True,
-    )
+    return subprocess.run([ruff, *arguments], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_code_is_formatted_at_100_characters(path):
+    done = _ruff("format", "--isolated", "--line-length", "100", "--check", str(path))
     assert done.returncode == 0, f"{path.name}: run `ruff format --isolated --line-length 100 {path}`\n{done.stdout}"
 
 
@@ -314,15 +315,5 @@ NOTEBOOK_LINT = ["--select", "F,E9,B,PT018", "--ignore", "B023,B905"]
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_code_passes_pyflakes_bugbear_and_one_claim_per_assert(path):
-    import shutil
-    import subprocess
-
-    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
-    if ruff is None:
-        pytest.skip("ruff is not installed here (the dev extra)")
-    done = subprocess.run(
-        [ruff, "check", "--isolated", "--output-format", "concise", *NOTEBOOK_LINT, str(path)],
-        capture_output=True,
-        text=True,
-    )
+    done = _ruff("check", "--isolated", "--output-format", "concise", *NOTEBOOK_LINT, str(path))
     assert done.returncode == 0, f"{path.name}: ruff check {' '.join(NOTEBOOK_LINT)}\n{done.stdout}"
