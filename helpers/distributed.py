@@ -112,7 +112,7 @@ def finish_run() -> None:
 
     A world of one leaves and destroys its group (teardown_process_group). A rank of several meets the others at a
     barrier and keeps the group, which ends with its process: on torch 2.6, gloo's destroy_process_group now and
-    then hangs in a rank whose peers have already left, even after a barrier (2 torchrun runs in 10 on a busy
+    then hangs in a rank whose peers have already left, even after a barrier (3 torchrun runs in 20 on a busy
     2-core machine), and os._exit skips it.
     """
     if not (dist.is_available() and dist.is_initialized()):
