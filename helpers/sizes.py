@@ -41,6 +41,15 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "BATCH_SIZE": {"cpu": 64, "cuda": 1024},
         "COPIES": {"cpu": 1, "cuda": 16},
     },
+    # 16's GPT (helpers.gpt): on a 2-core CPU about 0.8M parameters at context 128, batch 16, so its training takes
+    # about a minute; on CUDA GPT-2 small's shape (85M parameters) at context 1024, where matrix products are large
+    # enough for tensor cores to run near their peak
+    "capstone": {
+        "N_LAYER": {"cpu": 4, "cuda": 12},
+        "N_EMBD": {"cpu": 128, "cuda": 768},
+        "BLOCK_SIZE": {"cpu": 128, "cuda": 1024},
+        "BATCH_SIZE": {"cpu": 16, "cuda": 16},
+    },
 }
 
 # Each lesson's CUDA sizes, largest estimated peak first (estimate_bytes, with 70% of the free memory it must fit
@@ -72,6 +81,13 @@ CUDA_LADDERS: dict[str, list[dict[str, int]]] = {
         {"CHANNELS": 128, "BATCH_SIZE": 512, "COPIES": 8},  # ~2.0 GiB, from ~2.8 GiB free: 4 and 6 GB
         {"CHANNELS": 64, "BATCH_SIZE": 256, "COPIES": 4},  # ~0.5 GiB: less
     ],
+    # 16's GPT, float32 activations (the ladder's first rung) of the whole batch at once
+    "capstone": [
+        {"N_LAYER": 12, "N_EMBD": 768, "BLOCK_SIZE": 1024, "BATCH_SIZE": 16},  # ~21 GiB: 40 GB cards and up
+        {"N_LAYER": 12, "N_EMBD": 768, "BLOCK_SIZE": 512, "BATCH_SIZE": 16},  # ~11 GiB: 16 and 24 GB
+        {"N_LAYER": 8, "N_EMBD": 512, "BLOCK_SIZE": 512, "BATCH_SIZE": 16},  # ~4.8 GiB: 8 GB
+        {"N_LAYER": 6, "N_EMBD": 384, "BLOCK_SIZE": 512, "BATCH_SIZE": 8},  # ~1.5 GiB: less
+    ],
 }
 FREE_MEMORY_SHARE = 0.7  # the share of the free GPU memory a lesson's estimated peak may take (the rest: the
 # allocator's fragmentation, cuBLAS workspaces, what the estimate leaves out)
@@ -90,6 +106,13 @@ def _check_lesson(lesson: object) -> str:
 def mlp_parameters(width: int, depth: int, inputs: int = 64, classes: int = 10) -> int:
     """Parameters of `helpers.models.MLP(inputs, (width,) * depth, classes)`: weights and biases of its Linears."""
     return inputs * width + width + (depth - 1) * (width * width + width) + width * classes + classes
+
+
+def gpt_parameters(layers: int, width: int, context: int, vocab: int = 256) -> int:
+    """Parameters of `helpers.gpt.GPT`: token and position embeddings (the output matrix tied to the first), per
+    block two LayerNorms, the attention's qkv and output projections and the MLP's two Linears, and the final
+    LayerNorm."""
+    return vocab * width + context * width + layers * (12 * width * width + 13 * width) + 2 * width
 
 
 def smallcnn_parameters(channels: int, in_channels: int = 1, classes: int = 10) -> int:
@@ -128,6 +151,14 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
         weights = _FLOAT * depth * (width * width + width)
         activations = (depth + 1) * batch * width * _FLOAT  # the input and each ReLU's output
         transient = max(2 * batch * width * _FLOAT, 4 * _FLOAT * _POST_MODEL_PARAMETERS - activations)
+    elif lesson == "capstone":
+        layers, width, context, batch = (sizes[name] for name in ("N_LAYER", "N_EMBD", "BLOCK_SIZE", "BATCH_SIZE"))
+        weights = _FLOAT * gpt_parameters(layers, width, context)
+        # per token: each block saves about 17 values per channel for backward (its two LayerNorms' inputs and
+        # outputs, q, k, v, attention's output, the projection's input, the MLP's 4x-wide input and GELU output),
+        # and the head its 256 logits three times over (logits, their float32 copy, softmax's gradient)
+        activations = batch * context * _FLOAT * (17 * width * layers + 2 * width + 3 * 256)
+        transient = 2 * batch * context * 4 * width * _FLOAT  # two gradients of an MLP's wide activations
     elif lesson == "faster":
         channels, batch = sizes["CHANNELS"], sizes["BATCH_SIZE"]
         weights = _FLOAT * smallcnn_parameters(channels)
@@ -158,7 +189,16 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
 # 11 holds many small CNNs at once: the ladder's 8 rungs (weights and AdamW's two moments each), section 2's
 # model with its gradients and two copies of them, section 3's 3 AdamW replicas (weights, gradients, moments)
 # and their made-up gradients: 42 weight-sized tensors, of which gradients and optimizer_state count 3.
-_WEIGHT_COPIES = {"mixed_precision": 5, "gpu_memory": 5, "checkpointing": 1, "inference": 1, "faster": 39}
+# 16 holds the trained GPT and the ladder's rungs (up to 7 models with their gradients and AdamW moments): 7 copies
+# of weights, gradients and moments alike, of which gradients and optimizer_state count 1.
+_WEIGHT_COPIES = {
+    "mixed_precision": 5,
+    "gpu_memory": 5,
+    "checkpointing": 1,
+    "inference": 1,
+    "faster": 39,
+    "capstone": 25,
+}
 
 
 def estimate_bytes(lesson: str, sizes: dict[str, int]) -> int:

@@ -47,7 +47,15 @@ COLLECTIVES = {"_allgather_base_": "all-gather", "_reduce_scatter_base_": "reduc
 
 
 def shard_model(model: nn.Module, *, mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
-    """fully_shard every Linear (a block: one all-gather and one reduce-scatter of its own), then the root.
+    """fully_shard every Linear (a block: one all-gather and one reduce-scatter of its own), then the root."""
+    return shard_blocks(model, [module for module in model.modules() if isinstance(module, nn.Linear)], mp_policy)
+
+
+def shard_blocks(
+    model: nn.Module, blocks: Iterable[nn.Module], mp_policy: MixedPrecisionPolicy | None = None
+) -> nn.Module:
+    """fully_shard each of `blocks` (each then gathers and scatters on its own), then the root, which keeps the
+    rest in one unit: a GPT's tied embedding and output matrix must stay together, so its blocks are the units.
 
     Refuses, with the torch release it needs, a model on a device this torch's FSDP2 cannot shard (helpers.compat)."""
     device = next(model.parameters()).device
@@ -58,7 +66,7 @@ def shard_model(model: nn.Module, *, mp_policy: MixedPrecisionPolicy | None = No
     # it would move the shards of CPU ranks (gloo) to CUDA, where gloo cannot gather them.
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     options: dict[str, Any] = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
-    for block in [module for module in model.modules() if isinstance(module, nn.Linear)]:
+    for block in list(blocks):
         fully_shard(block, **options)
     fully_shard(model, **options)  # the root: whatever is left, and the hooks that start the first all-gather
     return model
