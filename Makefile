@@ -69,7 +69,7 @@ test-fast: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The lessons with their outputs, a static site that opens from disk: build/site/index.html. Executes each notebook
-# whose executed copy in build/executed/ is stale (all seventeen the first time: 6-10 minutes on 2 cores), then renders.
+# whose executed copy in build/executed/ is stale (all eighteen the first time: 6-10 minutes on 2 cores), then renders.
 site: $(SITE_STAMP) $(KERNEL)
 	$(PY) scripts/build_site.py build
 

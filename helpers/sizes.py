@@ -47,6 +47,7 @@ LESSON_SIZES: dict[str, dict[str, dict[str, int]]] = {
     "capstone": {
         "N_LAYER": {"cpu": 4, "cuda": 12},
         "N_EMBD": {"cpu": 128, "cuda": 768},
+        "HEAD_SIZE": {"cpu": 32, "cuda": 64},
         "BLOCK_SIZE": {"cpu": 128, "cuda": 1024},
         "BATCH_SIZE": {"cpu": 16, "cuda": 16},
     },
@@ -83,10 +84,10 @@ CUDA_LADDERS: dict[str, list[dict[str, int]]] = {
     ],
     # 16's GPT, float32 activations (the ladder's first rung) of the whole batch at once
     "capstone": [
-        {"N_LAYER": 12, "N_EMBD": 768, "BLOCK_SIZE": 1024, "BATCH_SIZE": 16},  # ~21 GiB: 40 GB cards and up
-        {"N_LAYER": 12, "N_EMBD": 768, "BLOCK_SIZE": 512, "BATCH_SIZE": 16},  # ~11 GiB: 16 and 24 GB
-        {"N_LAYER": 8, "N_EMBD": 512, "BLOCK_SIZE": 512, "BATCH_SIZE": 16},  # ~4.8 GiB: 8 GB
-        {"N_LAYER": 6, "N_EMBD": 384, "BLOCK_SIZE": 512, "BATCH_SIZE": 8},  # ~1.5 GiB: less
+        {"N_LAYER": 12, "N_EMBD": 768, "HEAD_SIZE": 64, "BLOCK_SIZE": 1024, "BATCH_SIZE": 16},  # ~19 GiB: 32 GB and up
+        {"N_LAYER": 12, "N_EMBD": 768, "HEAD_SIZE": 64, "BLOCK_SIZE": 512, "BATCH_SIZE": 16},  # ~14 GiB: 24 GB
+        {"N_LAYER": 8, "N_EMBD": 512, "HEAD_SIZE": 64, "BLOCK_SIZE": 512, "BATCH_SIZE": 16},  # ~5 GiB: 8 and 16 GB
+        {"N_LAYER": 6, "N_EMBD": 384, "HEAD_SIZE": 64, "BLOCK_SIZE": 512, "BATCH_SIZE": 8},  # ~1.8 GiB: 6 GB, less
     ],
 }
 FREE_MEMORY_SHARE = 0.7  # the share of the free GPU memory a lesson's estimated peak may take (the rest: the
@@ -153,6 +154,7 @@ def memory_parts(lesson: str, sizes: dict[str, int]) -> dict[str, int]:
         transient = max(2 * batch * width * _FLOAT, 4 * _FLOAT * _POST_MODEL_PARAMETERS - activations)
     elif lesson == "capstone":
         layers, width, context, batch = (sizes[name] for name in ("N_LAYER", "N_EMBD", "BLOCK_SIZE", "BATCH_SIZE"))
+        # HEAD_SIZE moves no bytes: the fused attention saves its output and a log-sum-exp per head and position
         weights = _FLOAT * gpt_parameters(layers, width, context)
         # per token: each block saves about 17 values per channel for backward (its two LayerNorms' inputs and
         # outputs, q, k, v, attention's output, the projection's input, the MLP's 4x-wide input and GELU output),

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from helpers import compat
 from helpers.cli import bench
 from helpers.data import DigitsDataset
 from helpers.rig import Measurement, Result
@@ -81,10 +82,28 @@ def test_sections_pass_quick_to_the_sizes_and_include_compile_and_adamw(monkeypa
         bench, "lesson_sizes", lambda lesson, device, quick: asked.append(quick) or {"width": 8, "depth": 2}
     )
     quick, full = ([title for title, _ in bench._sections(torch.device("cuda"), q)] for q in (True, False))
-    assert [title.split(".")[0] for title in full] == ["1", "2", "3", "4", "5", "6", "7"]
-    assert "torch.compile" in full[5] and "AdamW" in full[6]
+    assert [title.split(".")[0] for title in full] == ["1", "2", "3", "4", "5", "6", "7", "9"]
+    assert "torch.compile" in full[5] and "AdamW" in full[6] and "GPT" in full[7]
     assert quick == full[:5] + full[6:]  # the cold compile is left out of --quick
     assert asked == [True, True, False, False]
+
+
+@pytest.mark.slow  # compiles a GPT step in the full run's ladder
+@pytest.mark.parametrize("quick", [True, False])
+def test_gpt_ladder_adds_the_switches_one_at_a_time_and_names_each_rungs_mfu(monkeypatch, tmp_path, quick):
+    """The capstone's ladder on a tiny GPT: fp32 eager, fused AdamW, bf16 on a CPU, compile only in a full run."""
+    tiny = {"N_LAYER": 1, "N_EMBD": 16, "HEAD_SIZE": 8, "BLOCK_SIZE": 16, "BATCH_SIZE": 2}
+    monkeypatch.setattr(bench, "sizes_for", lambda lesson, device: tiny)
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
+    text = tmp_path / "text.txt"
+    text.write_text("def f(x):\n    return x\n" * 2000)
+    monkeypatch.setattr(bench, "_capstone_text", lambda: str(text))
+    monkeypatch.setattr("helpers.mfu.matmul_flops", lambda device, precision: 1e9)
+    [(caption, measured)] = bench.gpt_ladder(torch.device("cpu"), quick=quick, repeat=3, steps_per_call=1)
+    compiles = not quick and compat.compiled_gpt_gradients_right("cpu")[0]
+    rungs = ["fp32 eager", "+ fused AdamW", "+ bf16", *(["+ compile"] if compiles else [])]
+    assert list(measured.results) == rungs and measured.unit == "token"
+    assert "MFU vs the matmul ceiling: fp32 eager " in caption and all(name in caption for name in rungs)
 
 
 def test_quick_names_the_cold_compile_of_the_last_full_run_or_how_to_measure_it():

@@ -184,3 +184,14 @@ def test_fp32_precision_as_leaves_torch_s_own_getters_working():
         assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize(
+    "device_type, version, right",
+    [("cpu", "2.6.0", False), ("cpu", "2.6.9+cu124", False), ("cpu", "2.7.0", True), ("cpu", "2.15.0", True),
+     ("cuda", "2.6.0", True)],
+)  # fmt: skip
+def test_compiled_gpt_gradients_are_refused_on_a_cpu_before_2_7(device_type, version, right):
+    ok, why = compat.compiled_gpt_gradients_right(device_type, version=version)
+    assert ok is right
+    assert ("2.7" in why and "upgrade torch" in why) is not right

@@ -148,6 +148,7 @@ def test_sizes_chosen_by_device_are_stated_in_the_parameters_cell(path):
         "15_serving": ["inference"],
         "13_faster_training": ["faster"],
         "14_gpu_memory": ["gpu_memory"],
+        "16_capstone_gpt": ["capstone"],
     }.get(path.stem, [])
     assert lessons == expected, f"{path.name}: the knobs cell fills the sizes of {expected}, found {lessons}"
     parameters = {

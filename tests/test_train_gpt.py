@@ -94,6 +94,12 @@ def test_pinned_memory_without_a_gpu_is_refused(text_file):
         build(tiny(text_file, pin_memory=True), torch.device("cpu"))
 
 
+def test_compiling_where_the_compiler_gets_the_gradients_wrong_is_refused(text_file, monkeypatch):
+    monkeypatch.setattr(compat, "compiled_gpt_gradients_right", lambda device_type: (False, "torch 2.6's compiler"))
+    with pytest.raises(ValueError, match="compile=True: torch 2.6's compiler"):
+        build(tiny(text_file, compile=True), torch.device("cpu"))
+
+
 def test_help_documents_every_switch(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])

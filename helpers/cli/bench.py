@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import itertools
 import json
@@ -33,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.data import Subset
 
+from helpers.compat import compiled_gpt_gradients_right
 from helpers.data import DigitsDataset, PngFolderDataset, export_digits_png, make_loader
 from helpers.devices import cpu_name, keep_freed_memory, num_threads, seed_everything
 from helpers.loop import autocast_context, precision_steps, precisions_for, train_epoch
@@ -255,6 +257,51 @@ def optimizer_implementations(device: torch.device, *, models: dict[str, Callabl
     return tables
 
 
+# ---------------------------------------------------------------- 9. the capstone's ladder (notebook 16)
+def _capstone_text() -> str | None:
+    """The corpus the ladder trains on: the capstone's default, the standard library's source (None)."""
+    return None
+
+
+def gpt_ladder(device: torch.device, *, quick: bool, repeat: int, steps_per_call: int = 4) -> list[Table]:
+    """The capstone GPT at its sizes for the device, a plain fp32 step and then the course's switches one at a time
+    (fused AdamW, TF32 where the GPU has it, 16-bit autocast, torch.compile but in --quick): tokens per second, and
+    each rung's MFU against the matmul ceiling measured here in its precision, named in the caption."""
+    from helpers.cli.train_gpt import Config, build, train_step
+    from helpers.gpt import flops_per_token
+    from helpers.mfu import matmul_flops, mfu
+
+    sizes = sizes_for("capstone", device)
+    offered = precisions_for(device, tf32=True)
+    sixteen = "bf16" if "bf16" in offered else "fp16"
+    shape: dict[str, Any] = {
+        "n_layer": sizes["N_LAYER"],
+        "n_embd": sizes["N_EMBD"],
+        "n_head": sizes["N_EMBD"] // sizes["HEAD_SIZE"],
+    }
+    batch = max(1, sizes["BATCH_SIZE"] // 4) if quick and device.type == "cuda" else sizes["BATCH_SIZE"]
+    config = Config(block_size=sizes["BLOCK_SIZE"], batch_size=batch, **shape, text=_capstone_text(), progress=False)
+    changes: list[tuple[str, dict[str, Any]]] = [("fp32 eager", {}), ("+ fused AdamW", {"fused_adamw": True})]
+    changes += [("+ TF32", {"precision": "tf32"})] if "tf32" in offered else []
+    compiles = not quick and compiled_gpt_gradients_right(device.type)[0]  # torch 2.6 on a CPU: a wrong gradient
+    changes += [(f"+ {sixteen}", {"precision": sixteen})] + ([("+ compile", {"compile": True})] if compiles else [])
+    calls, precisions = {}, {}
+    for name, change in changes:
+        config = dataclasses.replace(config, **change)
+        run = build(config, device)
+        batches, precisions[name] = run.batches(), config.precision
+        calls[name] = functools.partial(lambda r, b: [train_step(r, b) for _ in range(steps_per_call)], run, batches)
+    per = steps_per_call * run.tokens_per_step
+    measured = measure(calls, device=device, repeat=repeat, warmup=1, per=per, unit="token")
+    ceilings = {precision: matmul_flops(device, precision) for precision in set(precisions.values())}
+    per_token = flops_per_token(config.model_config())
+    shares = [
+        f"{name} {mfu(1e3 / measured.median_ms(name), per_token, ceilings[precisions[name]]):.2f}" for name in calls
+    ]
+    caption = f"GPT {sum(p.numel() for p in run.module.parameters()) / 1e6:.1f}M, {sizes}; MFU vs the matmul ceiling: "
+    return [(caption + ", ".join(shares), measured)]
+
+
 # ---------------------------------------------------------------- 8. notebook suite
 def notebook_durations(junit_xml: Path) -> list[dict]:
     """Seconds per notebook (its cells summed) from a pytest JUnit XML report of an nbval run."""
@@ -312,6 +359,7 @@ def _all_sections(device: torch.device, quick: bool) -> list[tuple[str, Callable
         ("5. Inference", lambda: inference(device, batch_sizes=inference_batches, threads=threads, repeat=repeat)),
         ("6. torch.compile", lambda: compiled_training(device, batch=64 if cpu else 512, repeat=repeat)),
         ("7. AdamW: for-loop, foreach, fused", lambda: optimizer_implementations(device, models=models, repeat=repeat)),
+        ("9. The capstone GPT's ladder", lambda: gpt_ladder(device, quick=quick, repeat=max(5, repeat // 4))),
     ]
 
 

@@ -143,6 +143,9 @@ def check_device(config: Config, device: torch.device) -> None:
     offered = precisions_for(device, tf32=True)
     if config.precision not in offered:
         raise ValueError(f"precision={config.precision!r} is not available on {device}; this device offers {offered}")
+    compiles, why = compat.compiled_gpt_gradients_right(device.type)
+    if config.compile and not compiles:
+        raise ValueError(f"compile=True: {why}")
     if config.pin_memory and device.type != "cuda":
         raise ValueError(f"pin_memory=True speeds up copies to a CUDA GPU; this run is on {device}")
 
