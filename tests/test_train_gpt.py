@@ -4,6 +4,7 @@ torchrun (DDP and FSDP against one process on the same global batch, a SIGKILLed
 import dataclasses
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 from helpers import compat
 from helpers.checkpoint import read_checkpoint, states_equal
 from helpers.cli.train_gpt import NOT_SHAPING, Config, build, lr_factor, main, parse_args, train
+from helpers.preemption import PREEMPTED_EXIT_CODE, StopRequest
 from helpers.processes import wait_for_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,6 +172,37 @@ def test_a_run_resumed_from_its_checkpoint_ends_bit_identical(text_file, tmp_pat
         assert states_equal(again[part], reference[part]), part
 
 
+class StopAfter(StopRequest):
+    """A stop request that comes in during step `step` (as a SIGTERM would)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step, self.calls = step, 0
+
+    def agreed(self, device="cpu") -> bool:
+        self.calls += 1
+        return self.calls >= self.step
+
+
+def test_a_stop_request_saves_after_its_step_and_the_next_launch_resumes_bit_identical(text_file, tmp_path, one_thread):
+    config = tiny(text_file, out=str(tmp_path / "stopped"), save_every=100, dropout=0.1)
+    straight = train(dataclasses.replace(config, out=str(tmp_path / "straight")))["history"]
+    stopped = train(config, stop=StopAfter(5))["history"]
+    assert stopped["preempted_at"] == 5 and len(stopped["losses"]) == 5 and "sample" not in stopped
+    assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["step-00000005.pt"]
+    resumed = train(config)["history"]
+    assert resumed["start"] == 5 and resumed["losses"] == straight["losses"][5:]
+    final = [read_checkpoint(tmp_path / name / "checkpoints" / "step-00000012.pt") for name in ("straight", "stopped")]
+    for part in ("model", "optimizer", "scheduler", "scaler"):
+        assert states_equal(final[0][part], final[1][part]), part
+
+
+def test_a_stop_request_without_a_checkpoint_folder_says_the_run_is_lost(text_file, capsys):
+    history = train(tiny(text_file), stop=StopAfter(3))["history"]
+    assert history["preempted_at"] == 3
+    assert "stopped on request after step 3, with no checkpoint" in capsys.readouterr().out
+
+
 def test_a_folder_holding_a_run_with_other_settings_is_refused(text_file, tmp_path):
     train(tiny(text_file, out=str(tmp_path), save_every=6))
     with pytest.raises(ValueError, match=r"holds a run with other settings \(lr: saved 0.003, asked 0.001\)"):
@@ -239,6 +272,35 @@ def test_two_ranks_give_the_losses_of_one_process_on_the_same_global_batch(text_
     torch.testing.assert_close(torch.tensor(two["losses"]), torch.tensor(one["losses"]), rtol=0, atol=1e-5)
     evals = [row["val_loss"] for row in one["evals"]], [row["val_loss"] for row in two["evals"]]
     torch.testing.assert_close(torch.tensor(evals[1]), torch.tensor(evals[0]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigterm_at_random_points_saves_exits_75_and_the_next_launch_resumes_bit_identical(text_file, tmp_path):
+    env, rng = _env(tmp_path), random.Random(0)
+    straight = tmp_path / "straight"
+    _run(_command(text_file, "--out", str(straight), "--save-every", "100", "--dropout", "0.1"), env)
+    reference = read_checkpoint(straight / "checkpoints" / "step-00000012.pt")
+    for attempt in range(2):
+        folder = tmp_path / f"stopped-{attempt}"
+        command = _command(text_file, "--out", str(folder), "--save-every", "100", "--dropout", "0.1")
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            assert wait_for_lines(process, "step ", count=rng.randint(1, 8))  # --log-every 1: a line per step
+            process.send_signal(signal.SIGTERM)
+            output = process.communicate(timeout=60)[0]
+        finally:
+            process.kill()
+        if process.returncode == 0:  # the signal came after the last step: nothing to resume
+            continue
+        assert process.returncode == PREEMPTED_EXIT_CODE, output[-2000:]
+        assert "stopped on request after step" in output
+        again = _run(command, env)
+        assert "resumed at step" in again
+        final = read_checkpoint(folder / "checkpoints" / "step-00000012.pt")
+        for part in ("model", "optimizer", "scheduler", "scaler"):
+            assert states_equal(final[part], reference[part]), part
 
 
 @pytest.mark.slow

@@ -9,7 +9,9 @@ Read it top to bottom: the config (each switch names the lesson that teaches it)
 optimizer step (`train_step`), evaluation (`estimate_loss`), then the loop (`train`). The model is helpers.gpt, the
 data helpers.corpus, the throughput figures helpers.mfu. With --out, rank 0 writes a checkpoint every --save-every
 steps (helpers.checkpoint), TensorBoard logs and history.json; the same command run again resumes from the newest
-checkpoint and ends bit-identical to a run that never stopped. Notebook 16 runs these functions in its cells.
+checkpoint and ends bit-identical to a run that never stopped. SIGTERM (a scheduler taking the machine back) ends
+the run after the step it came in, with a checkpoint, and exit code 75 (helpers.preemption). Notebook 16 runs these
+functions in its cells.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from helpers.distributed import (
 )
 from helpers.gpt import GPT, GPTConfig, flops_per_token, generate, optimizer_groups
 from helpers.loop import autocast_context, make_grad_scaler, precisions_for
+from helpers.preemption import PREEMPTED_EXIT_CODE, StopRequest
 from helpers.progress import progress_bar
 from helpers.workers.fsdp import shard_blocks
 
@@ -288,9 +291,17 @@ def resume(run: Run, manager: CheckpointManager) -> int:
     return int(state["step"])
 
 
-def train(config: Config, *, rank: int = 0, world_size: int = 1, device: torch.device | None = None) -> dict:
+def train(
+    config: Config,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
+    stop: StopRequest | None = None,
+) -> dict:
     """Train `config` as rank `rank` of `world_size` (a process group already joined when more than one); log,
-    evaluate, checkpoint and resume as configured. Returns the history and the run."""
+    evaluate, checkpoint and resume as configured. A `stop` request (SIGTERM, in main) ends the run after the step
+    it came in, with a checkpoint. Returns the history and the run."""
     device = device or pick_device(config.device)
     run = build(config, device, rank=rank, world_size=world_size)
     leader, out = rank == 0, Path(config.out) if config.out else None
@@ -325,7 +336,8 @@ def train(config: Config, *, rank: int = 0, world_size: int = 1, device: torch.d
     ):
         window.append(train_step(run, batches))
         done = step + 1
-        if done % config.log_every == 0 or done == config.steps:
+        stopping = stop is not None and stop.agreed(device) and done < config.steps  # preempted: log, save, leave
+        if done % config.log_every == 0 or done == config.steps or stopping:
             losses = torch.stack(window)
             if world_size > 1:
                 dist.all_reduce(losses)
@@ -366,10 +378,19 @@ def train(config: Config, *, rank: int = 0, world_size: int = 1, device: torch.d
                 run.module, run.optimizer, run.scheduler, run.scaler, step=done, extra={"settings": settings}
             )
             say(f"saved step {done} {path}", flush=True)
+        if stopping:
+            history["preempted_at"] = done
+            if manager and leader:
+                saved = manager.save(run.module, run.optimizer, run.scheduler, run.scaler, step=done,
+                                     extra={"settings": {**config.shaping(), "world_size": world_size}})  # fmt: skip
+                say(f"stopped on request after step {done}; saved {saved}: run the same command to resume", flush=True)
+            else:
+                say(f"stopped on request after step {done}, with no checkpoint (give --out and --save-every)")
+            break
         since += time.perf_counter() - paused
     if writer:
         writer.close()
-    if leader and config.sample_tokens:
+    if leader and config.sample_tokens and "preempted_at" not in history:
         prompt, seeded = encode("def ").to(device), torch.Generator(device).manual_seed(config.seed)
         sample = generate(run.module, prompt, config.sample_tokens, temperature=0.8, top_k=40, generator=seeded)
         history["sample"] = decode(sample)
@@ -387,8 +408,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point: a world of one, or the rank torchrun describes, trains; a rank of several leaves with finish_run."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: a world of one, or the rank torchrun describes, trains; a rank of several leaves with finish_run.
+    Returns the exit code: 0, or PREEMPTED_EXIT_CODE when SIGTERM stopped the run after a checkpoint."""
     config = parse_args(argv)
     distributed = "RANK" in os.environ and config.strategy != "single"
     if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", 1)) > 1 and config.strategy == "single":
@@ -396,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rank, world_size = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // local_world))
-    device = None
+    device, stop = None, StopRequest()
     try:
         if distributed:
             backend = default_backend(local_world) if config.device in ("auto", "cuda") else "gloo"
@@ -407,7 +429,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             device, port = pick_device(config.device), find_free_port()
             backend = "nccl" if device.type == "cuda" else "gloo"
             setup_process_group(0, 1, backend=backend, init_method=f"tcp://127.0.0.1:{port}")
-        train(config, rank=rank, world_size=world_size, device=device)
+        with stop.installed():  # SIGTERM: finish the step, save, leave
+            history = train(config, rank=rank, world_size=world_size, device=device, stop=stop)["history"]
     except ValueError as error:  # a setting this device cannot do, a folder holding another run
         teardown_process_group()
         sys.exit(f"train_gpt: error: {error}")
@@ -415,10 +438,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         teardown_process_group()  # no barrier: a rank that failed would keep the others waiting there
         raise
     finish_run()
+    return PREEMPTED_EXIT_CODE if "preempted_at" in history else 0
 
 
 if __name__ == "__main__":
-    main()
+    code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # past the final barrier: leave without the interpreter's teardown (see helpers.distributed.finish_run)
+    os._exit(
+        code
+    )  # past the final barrier: leave without the interpreter's teardown (see helpers.distributed.finish_run)
