@@ -289,6 +289,9 @@ def save_checkpoint(
     parts = dict(zip(_PARTS, (optimizer, scheduler, scaler)))
     payload = {
         "format": FORMAT,
+        "torch": str(
+            torch.__version__
+        ),  # the release that wrote it (a str: TorchVersion is not weights_only-safe): named when another cannot use it
         "model": unwrap_model(model).state_dict(),
         **{name: part.state_dict() if part is not None else None for name, part in parts.items()},
         "epoch": epoch,
@@ -342,6 +345,15 @@ def read_checkpoint(path: str | Path, *, map_location: Any = "cpu") -> dict:
     return payload
 
 
+def _releases(payload: Mapping[str, Any]) -> str:
+    """'; written by torch A, read by torch B' where the two differ, for an error: a release's change may be why."""
+    wrote = payload.get("torch")
+    if wrote == torch.__version__:
+        return ""
+    writer = f"torch {wrote}" if wrote else "a torch release the file does not record"
+    return f"; written by {writer}, read by torch {torch.__version__}"
+
+
 def load_checkpoint(
     path: str | Path,
     model: nn.Module,
@@ -382,7 +394,9 @@ def load_checkpoint(
         }
         raise CheckpointError(
             f"checkpoint {path} does not fit the model {type(unwrap_model(model)).__name__} (is "
-            "it a checkpoint of a different model?); " + "; ".join(f"{kind}: {items}" for kind, items in listed.items())
+            "it a checkpoint of a different model?); "
+            + "; ".join(f"{kind}: {items}" for kind, items in listed.items())
+            + _releases(payload)
         )
     if generator is not None and (payload.get("rng") or {}).get("generator") is None:
         raise CheckpointError(
@@ -403,14 +417,15 @@ def load_checkpoint(
         except (ValueError, KeyError, RuntimeError, TypeError) as error:
             raise CheckpointError(
                 f"checkpoint {path}: its {name} state does not fit the {name} passed "
-                f"({type(error).__name__}: {str(error).strip().splitlines()[0]})"
+                f"({type(error).__name__}: {str(error).strip().splitlines()[0]}){_releases(payload)}"
             ) from error
     unwrap_model(model).load_state_dict(state)
     if restore_rng:
         restore_rng_state(payload["rng"], generator)
     elif generator is not None:
         generator.set_state(payload["rng"]["generator"].cpu())
-    return {"path": Path(path), **{key: payload[key] for key in ("epoch", "step", "metric", "extra")}}
+    loaded = {key: payload[key] for key in ("epoch", "step", "metric", "extra")}
+    return {"path": Path(path), **loaded, "torch": payload.get("torch")}
 
 
 class CheckpointManager:
