@@ -289,9 +289,9 @@ def save_checkpoint(
     parts = dict(zip(_PARTS, (optimizer, scheduler, scaler)))
     payload = {
         "format": FORMAT,
-        "torch": str(
-            torch.__version__
-        ),  # the release that wrote it (a str: TorchVersion is not weights_only-safe): named when another cannot use it
+        # the release that wrote it, named when another cannot use it (a str: a TorchVersion would not load with
+        # weights_only=True)
+        "torch": str(torch.__version__),
         "model": unwrap_model(model).state_dict(),
         **{name: part.state_dict() if part is not None else None for name, part in parts.items()},
         "epoch": epoch,
