@@ -301,7 +301,7 @@ def train(
 ) -> dict:
     """Train `config` as rank `rank` of `world_size` (a process group already joined when more than one); log,
     evaluate, checkpoint and resume as configured. A `stop` request (SIGTERM, in main) ends the run after the step
-    it came in, with a checkpoint. Returns the history and the run."""
+    it came in (with several ranks, after the next log step), with a checkpoint. Returns the history and the run."""
     device = device or pick_device(config.device)
     run = build(config, device, rank=rank, world_size=world_size)
     leader, out = rank == 0, Path(config.out) if config.out else None
@@ -336,7 +336,9 @@ def train(
     ):
         window.append(train_step(run, batches))
         done = step + 1
-        stopping = stop is not None and stop.agreed(device) and done < config.steps  # preempted: log, save, leave
+        # Preempted: log, save, leave. Ranks agree at log steps only: a collective and a sync every step would slow it
+        asks = stop is not None and (world_size == 1 or done % config.log_every == 0)
+        stopping = asks and stop.agreed(device) and done < config.steps  # type: ignore[union-attr]
         if done % config.log_every == 0 or done == config.steps or stopping:
             losses = torch.stack(window)
             if world_size > 1:
