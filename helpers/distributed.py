@@ -85,14 +85,29 @@ def setup_process_group(
     device = rank_device(backend, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # one process per GPU: this rank's "cuda" is its own GPU
-    dist.init_process_group(
-        backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if init_method == "env://" and "TORCHELASTIC_RESTART_COUNT" in os.environ:  # started by torchrun
+        store = attempt_store(rank, world_size, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
     return device
+
+
+def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """Under torchrun: the launcher's key-value store, seen through a prefix of this attempt's own.
+
+    torchrun keeps one store for the whole job, through every restart (`--max-restarts`) and every change of
+    members (`--nnodes=1:2`). Ranks meet there: each writes its address and reads the others'. A restarted group
+    reading the store as is could find the address a rank of the attempt before wrote, and wait on a process that
+    is gone (gloo: "connectFullMesh failed ... Connection refused"), depending on which rank comes up first.
+    So each rank counts itself in under the restart count torchrun gives it and the world size, and every rank of
+    an attempt gets the same fresh prefix: no key of an earlier attempt can be read.
+    """
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+    group = f"course/{os.environ['TORCHELASTIC_RESTART_COUNT']}/{world_size}"
+    attempt = (store.add(f"{group}/joined", 1) - 1) // world_size  # the ranks of an attempt count 1..world_size
+    return dist.PrefixStore(f"{group}/{attempt}/", store)
 
 
 def teardown_process_group() -> None:

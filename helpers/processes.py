@@ -1,4 +1,4 @@
-"""Starting ranks on one machine, from a notebook or a test: `launch` (spawned processes) and `run_torchrun`.
+"""Starting ranks on one machine, from a notebook or a test: `launch` (spawned processes).
 
     from helpers.processes import import_fresh, launch
     lesson = import_fresh("lesson_ddp")                          # a module a notebook cell just (re)wrote
@@ -9,8 +9,8 @@ group with a timeout (helpers.distributed.setup_process_group), and returns what
 returned. If a rank raises, the caller gets a `RankError` with that rank's number and traceback, and
 every other rank is stopped. The ranks import the worker by name, so it must live in a module; when the
 worker is the lesson, a notebook cell writes that module (`%%writefile lesson_ddp.py`) and `import_fresh`
-imports it as it reads now, so an edited and rerun cell changes what the ranks compute. For scripts, `torchrun` does the same job (see helpers/cli/train_ddp.py);
-`run_torchrun` runs one as a subprocess and stops all its ranks on a timeout.
+imports it as it reads now, so an edited and rerun cell changes what the ranks compute. For scripts, `torchrun` does
+the same job (helpers/torchrun.py starts it from a notebook or a test).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import pickle
 import queue as queue_module
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -306,76 +305,6 @@ def is_running(pid: int) -> bool:
     except PermissionError:  # it exists, but belongs to another user
         return True
     return True
-
-
-def torchrun_command(module: str, args: Sequence[str] = (), *, nproc_per_node: int = 2) -> list[str]:
-    """The command line `torchrun --standalone --nproc_per_node=N -m module args...`, via this Python."""
-    check_int("nproc_per_node", nproc_per_node)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}"]
-    return [*launcher, "-m", module, *[str(arg) for arg in args]]
-
-
-def run_torchrun(
-    module: str,
-    args: Sequence[str] = (),
-    *,
-    nproc_per_node: int = 2,
-    timeout_s: float = 300.0,
-    cwd: str | os.PathLike | None = None,
-) -> str:
-    """Run `module` under torchrun as a subprocess; return its output, or raise with its tail on failure or timeout.
-
-    The subprocess gets its own session, so on timeout torchrun and all its ranks are stopped together.
-    """
-    _check_timeout(timeout_s)
-    command = torchrun_command(module, args, nproc_per_node=nproc_per_node)
-    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-        PYTHONPATH=os.pathsep.join(filter(None, [project, os.environ.get("PYTHONPATH")])),
-    )
-    process = subprocess.Popen(
-        command,
-        cwd=cwd or project,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=os.name == "posix",
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop_session(process)
-        output, _ = process.communicate()
-        raise TimeoutError(
-            f"{' '.join(command[1:])} did not finish within timeout_s={timeout_s} s and was "
-            f"stopped with all its ranks; last output:\n{(output or '')[-3000:]}"
-        ) from None
-    except BaseException:  # e.g. KeyboardInterrupt in a notebook: leave no rank behind
-        _stop_session(process)
-        raise
-    if process.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(command[1:])} failed with exit code {process.returncode}; last output:\n{output[-3000:]}"
-        )
-    return output
-
-
-def _stop_session(process: Any) -> None:
-    """SIGTERM, then SIGKILL, to a subprocess and everything in its session (torchrun and its ranks)."""
-    if os.name != "posix":
-        process.kill()
-        process.wait()
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL too: a rank may outlive torchrun itself
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
 
 
 def wait_for_lines(process: subprocess.Popen, prefix: str, count: int = 1) -> bool:

@@ -22,7 +22,8 @@ from helpers.distributed import (
     teardown_process_group,
     world_of_one,
 )
-from helpers.processes import RankError, import_fresh, is_running, launch, run_torchrun, torchrun_command
+from helpers.processes import RankError, import_fresh, is_running, launch
+from helpers.torchrun import run_torchrun, torchrun_command
 from helpers.workers import common
 from helpers.workers import ddp as workers
 
