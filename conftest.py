@@ -128,6 +128,15 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """A small corpus of made-up Python for the GPT's runs, about 60 KB, so every split holds enough windows."""
+    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}  # line {i}\n" for i in range(1500)]
+    path = tmp_path_factory.mktemp("corpus") / "code.py"
+    path.write_text("".join(lines))
+    return path
+
+
 # The command-line run of helpers.cli.resume that the checkpoint tests resume, kill and damage: 36 steps per epoch
 # (1145 training samples after the validation split, batch 32), a checkpoint every 10 steps.
 REFERENCE_RUN = {"steps": 120, "save_every": 10, "seed": 3}

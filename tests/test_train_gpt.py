@@ -23,15 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARDS_ON_CPU, NO_SHARDING_WHY = compat.fsdp2_runs_on("cpu")
 
 
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory) -> Path:
-    """A small corpus of made-up Python, about 60 KB, so every split holds enough windows."""
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}  # line {i}\n" for i in range(1500)]
-    path = tmp_path_factory.mktemp("corpus") / "code.py"
-    path.write_text("".join(lines))
-    return path
-
-
 @pytest.fixture(autouse=True)
 def corpus_cache(tmp_path_factory, monkeypatch):
     """Every corpus these tests build is cached in a folder of the tests, never in the project's data/."""
@@ -74,6 +65,8 @@ def tiny(text_file: Path, **changes) -> Config:
         ({"save_every": 5}, "save_every=5 needs out"),
         ({"save_every": 5, "out": "x", "strategy": "fsdp"}, "save_every with strategy='fsdp'"),
         ({"dropout": 1.0}, "dropout"),
+        ({"global_batch": -8}, "global_batch must be an int >= 0"),
+        ({"global_batch": 8, "accumulation": 2}, "accumulation=2 with global_batch=8: give one of them"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_setting(changes, match):
@@ -109,6 +102,9 @@ def test_help_documents_every_switch(capsys):
     for field in dataclasses.fields(Config):
         assert f"--{field.name.replace('_', '-')}" in shown
     assert "lesson 06" in shown and "lesson 10" in shown and "lesson 13" in shown
+    from helpers.cli.options import field_comments
+
+    assert set(field_comments(Config)) == {field.name for field in dataclasses.fields(Config)}  # each has its help
 
 
 def test_the_command_line_gives_the_config_and_refuses_a_bad_value(capsys):
@@ -123,6 +119,18 @@ def test_the_command_line_gives_the_config_and_refuses_a_bad_value(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--batch-size", "0"])
     assert "batch_size must be a positive int, got 0" in capsys.readouterr().err
+
+
+def test_a_global_batch_sets_the_accumulation_for_each_world_size_and_frees_the_resume_from_it(text_file):
+    config = tiny(text_file, batch_size=4, global_batch=16)
+    assert [config.accumulation_on(ranks) for ranks in (1, 2, 4)] == [4, 2, 1]
+    with pytest.raises(ValueError, match="global_batch=16 is not a whole number of micro-batches of batch_size=4 on 3"):
+        config.accumulation_on(3)
+    assert config.recorded(1) == config.recorded(2) and "world_size" not in config.recorded(2)
+    plain = tiny(text_file, batch_size=4, accumulation=2)
+    assert plain.accumulation_on(4) == 2 and plain.recorded(2)["world_size"] == 2 != plain.recorded(1)["world_size"]
+    run = build(config, torch.device("cpu"))
+    assert run.accumulation == 4 and run.tokens_per_step == 16 * config.block_size
 
 
 def test_warm_up_then_cosine_to_min_lr():

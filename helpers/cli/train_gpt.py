@@ -10,8 +10,11 @@ optimizer step (`train_step`), evaluation (`estimate_loss`), then the loop (`tra
 data helpers.corpus, the throughput figures helpers.mfu. With --out, rank 0 writes a checkpoint every --save-every
 steps (helpers.checkpoint), TensorBoard logs and history.json; the same command run again resumes from the newest
 checkpoint and ends bit-identical to a run that never stopped. SIGTERM (a scheduler taking the machine back) ends
-the run after the step it came in, with a checkpoint, and exit code 75 (helpers.preemption). Notebook 16 runs these
-functions in its cells.
+the run after the step it came in, with a checkpoint, and exit code 75 (helpers.preemption). Only one live run may
+write to an --out folder (helpers.run_folder). torchrun --max-restarts starts a group again after a rank dies, and
+it resumes from the newest checkpoint; with --global-batch the accumulation is worked out for the number of ranks,
+so a run resumed on more or fewer ranks (torchrun --nnodes=1:2 taking a second node) takes the same windows at every
+step. Notebook 16 runs these functions in its cells.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from helpers.gpt import GPT, GPTConfig, flops_per_token, generate, optimizer_gro
 from helpers.loop import autocast_context, make_grad_scaler, precisions_for
 from helpers.preemption import PREEMPTED_EXIT_CODE, StopRequest
 from helpers.progress import progress_bar
+from helpers.run_folder import claim_run_folder
 from helpers.workers.fsdp import shard_blocks
 
 STRATEGIES = ("single", "ddp", "fsdp")
@@ -74,14 +78,15 @@ class Config:
 
     # the model: helpers.gpt.GPTConfig (lesson 16)
     block_size: int = 128  # context, in bytes
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block; n_embd must be a multiple
+    n_embd: int = 128  # the width: each token's vector
     dropout: float = 0.0  # in [0, 1)
     # the data (lesson 02): the Python standard library's source, or --text PATH (a file or a folder)
-    text: str | None = None
+    text: str | None = None  # a file or folder of your own text, read as bytes; None: the standard library
     batch_size: int = 16  # sequences per micro-batch, per rank
     accumulation: int = 1  # micro-batches per optimizer step (lesson 05)
+    global_batch: int = 0  # sequences per step over all ranks, the accumulation worked out per world size; 0: off
     workers: int = 0  # DataLoader worker processes (lesson 02)
     pin_memory: bool = False  # page-locked batches, copied to a GPU asynchronously (lesson 02)
     # the update (lessons 03 and 04)
@@ -113,7 +118,7 @@ class Config:
         self.model_config()  # refuses a shape the GPT cannot take, naming the field
         for name in ("batch_size", "accumulation", "steps", "eval_every", "eval_batches", "log_every"):
             check_int(name, getattr(self, name))
-        for name in ("workers", "warmup", "save_every", "sample_tokens"):
+        for name in ("workers", "warmup", "save_every", "sample_tokens", "global_batch"):
             check_int(name, getattr(self, name), minimum=0)
         check_int("threads", self.threads, allow_none=True)
         check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
@@ -123,6 +128,11 @@ class Config:
         check_range("grad_clip", self.grad_clip, 0, math.inf)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("strategy", self.strategy, STRATEGIES)
+        if self.global_batch and self.accumulation != 1:
+            raise ValueError(
+                f"accumulation={self.accumulation} with global_batch={self.global_batch}: give one of them "
+                "(global_batch works the accumulation out for the number of ranks)"
+            )
         if self.save_every and self.out is None:
             raise ValueError(f"save_every={self.save_every} needs out, the folder the checkpoints go to")
         if self.save_every and self.strategy == "fsdp":
@@ -139,6 +149,23 @@ class Config:
     def shaping(self) -> dict:
         """The settings a run's result depends on, as its checkpoints record them."""
         return {key: value for key, value in dataclasses.asdict(self).items() if key not in NOT_SHAPING}
+
+    def accumulation_on(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on `world_size` ranks: `accumulation`, or what makes up the global_batch."""
+        if not self.global_batch:
+            return self.accumulation
+        per_micro_batch = self.batch_size * world_size
+        if self.global_batch % per_micro_batch:
+            raise ValueError(
+                f"global_batch={self.global_batch} is not a whole number of micro-batches of batch_size="
+                f"{self.batch_size} on {world_size} rank(s): make it a multiple of {per_micro_batch}"
+            )
+        return self.global_batch // per_micro_batch
+
+    def recorded(self, world_size: int) -> dict:
+        """What a checkpoint records, and a resume must match: the shaping settings, and the world size unless a
+        global_batch makes the run's steps the same on any number of ranks."""
+        return self.shaping() | ({} if self.global_batch else {"world_size": world_size})
 
 
 def check_device(config: Config, device: torch.device) -> None:
@@ -169,19 +196,20 @@ class Run:
     scaler: torch.amp.GradScaler
     train_windows: TokenWindows
     val_windows: TokenWindows
+    accumulation: int  # micro-batches per optimizer step on this world size (Config.accumulation_on)
 
     @property
     def tokens_per_step(self) -> int:
         """Tokens of one optimizer step over all ranks."""
         config = self.config
-        return config.batch_size * config.accumulation * self.world_size * config.block_size
+        return config.batch_size * self.accumulation * self.world_size * config.block_size
 
     def batches(self, start_step: int = 0) -> Iterator:
         """This rank's training batches from optimizer step `start_step` on, forever (helpers.corpus.WindowBatches)."""
         config = self.config
         ranks: dict[str, Any] = {"rank": self.rank, "world_size": self.world_size}
         reading: dict[str, Any] = {"workers": config.workers, "pin_memory": config.pin_memory}
-        start = start_step * config.accumulation
+        start = start_step * self.accumulation
         return iter(
             window_loader(self.train_windows, config.batch_size, seed=config.seed, start=start, **ranks, **reading)
         )
@@ -199,6 +227,7 @@ def lr_factor(step: int, config: Config) -> float:
 def build(config: Config, device: torch.device, *, rank: int = 0, world_size: int = 1) -> Run:
     """The run of `config` from its first step: corpus, seeded model, its wrapping, AdamW, schedule and scaler."""
     check_device(config, device)
+    accumulation = config.accumulation_on(world_size)
     if config.strategy == "single" and world_size > 1:
         raise ValueError(f"strategy='single' runs in one process, but this is rank {rank} of {world_size}")
     corpus = load_corpus(config.text)
@@ -217,7 +246,11 @@ def build(config: Config, device: torch.device, *, rank: int = 0, world_size: in
     optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), **fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))
     scaler = make_grad_scaler(device, config.precision if config.precision != "tf32" else "fp32")
-    return Run(config, device, rank, world_size, corpus, module, model, optimizer, scheduler, scaler, *windows)
+    train_windows, val_windows = windows
+    return Run(
+        config, device, rank, world_size, corpus, module, model, optimizer, scheduler, scaler,
+        train_windows, val_windows, accumulation,
+    )  # fmt: skip
 
 
 def precision_context(run: Run) -> contextlib.AbstractContextManager:
@@ -242,12 +275,12 @@ def train_step(run: Run, batches: Iterator) -> torch.Tensor:
     synced on the last; then unscale, clip, step, update, zero; the schedule moves on. Returns the mean loss."""
     config, device = run.config, run.device
     total = torch.zeros((), device=device)
-    for micro in range(config.accumulation):
+    for micro in range(run.accumulation):
         inputs, targets = (tensor.to(device, non_blocking=True) for tensor in next(batches))
-        with gradient_sync(run, sync=micro == config.accumulation - 1):
+        with gradient_sync(run, sync=micro == run.accumulation - 1):
             with precision_context(run):
                 logits = run.model(inputs)
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) / config.accumulation
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) / run.accumulation
             run.scaler.scale(loss).backward()
         total += loss.detach()
     if config.grad_clip:
@@ -279,7 +312,7 @@ def resume(run: Run, manager: CheckpointManager) -> int:
     state = manager.load_latest(run.module, run.optimizer, run.scheduler, run.scaler)
     if state is None:
         return 0
-    saved, asked = state["extra"]["settings"], {**run.config.shaping(), "world_size": run.world_size}
+    saved, asked = state["extra"]["settings"], run.config.recorded(run.world_size)
     differing = [
         f"{key}: saved {saved.get(key)!r}, asked {value!r}" for key, value in asked.items() if saved.get(key) != value
     ]
@@ -375,7 +408,7 @@ def train(
             if writer:
                 writer.add_scalar("validation/loss", val_loss, done)
         if manager and leader and (done % config.save_every == 0 or done == config.steps):
-            settings = {**config.shaping(), "world_size": world_size}
+            settings = config.recorded(world_size)
             path = manager.save(
                 run.module, run.optimizer, run.scheduler, run.scaler, step=done, extra={"settings": settings}
             )
@@ -384,7 +417,7 @@ def train(
             history["preempted_at"] = done
             if manager and leader:
                 saved = manager.save(run.module, run.optimizer, run.scheduler, run.scaler, step=done,
-                                     extra={"settings": {**config.shaping(), "world_size": world_size}})  # fmt: skip
+                                     extra={"settings": config.recorded(world_size)})  # fmt: skip
                 say(f"stopped on request after step {done}; saved {saved}: run the same command to resume", flush=True)
             else:
                 say(f"stopped on request after step {done}, with no checkpoint (give --out and --save-every)")
@@ -431,9 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             device, port = pick_device(config.device), find_free_port()
             backend = "nccl" if device.type == "cuda" else "gloo"
             setup_process_group(0, 1, backend=backend, init_method=f"tcp://127.0.0.1:{port}")
-        with stop.installed():  # SIGTERM: finish the step, save, leave
+        owns = claim_run_folder(config.out) if config.out and rank == 0 else contextlib.nullcontext()
+        with stop.installed(), owns:  # SIGTERM: finish the step, save, leave; --out: one live run per folder
             history = train(config, rank=rank, world_size=world_size, device=device, stop=stop)["history"]
-    except ValueError as error:  # a setting this device cannot do, a folder holding another run
+    except ValueError as error:  # a setting this device cannot do, a folder holding another run or used by one
         teardown_process_group()
         sys.exit(f"train_gpt: error: {error}")
     except BaseException:
