@@ -10,7 +10,7 @@ FLOOR_VENV  ?= .venv-floor
 FLOOR_PY    := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: lab test test-newest test-floor test-fast lint bench bench-quick install clean-venv site site-gpu-import
+.PHONY: lab test test-newest test-floor test-fast lint bench bench-quick install clean-venv site site-gpu-import stress
 
 # PIP_CONSTRAINT names our constraints file instead of any machine-wide one, which could hold torch back.
 $(STAMP): pyproject.toml constraints/newest.txt
@@ -67,6 +67,16 @@ test-floor: $(FLOOR_STAMP)
 # The quick check while editing (under a minute on 2 cores): no notebooks, processes, benchmark or browser.
 test-fast: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
+
+# torchrun restarting a group after one of its ranks is killed, STRESS_RUNS times in a row (10: about 5 minutes on
+# 2 cores); each run must end bit-identical to a run never stopped. Not part of `make test`, which runs it once.
+STRESS_RUNS ?= 10
+stress: $(STAMP)
+	@for run in $$(seq $(STRESS_RUNS)); do \
+	  $(PY) -m pytest -q -p no:cacheprovider tests/test_torchrun.py -k restarts_the_group >/dev/null \
+	    || { echo "run $$run of $(STRESS_RUNS) failed: rerun it with $(PY) -m pytest tests/test_torchrun.py -k restarts_the_group"; exit 1; }; \
+	  echo "run $$run of $(STRESS_RUNS): restarted once, bit-identical"; \
+	done
 
 # The lessons with their outputs, a static site that opens from disk: build/site/index.html. Executes each notebook
 # whose executed copy in build/executed/ is stale (all eighteen the first time: 6-10 minutes on 2 cores), then renders.
