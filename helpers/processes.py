@@ -27,11 +27,12 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers.checks import check_choice, check_int
@@ -43,8 +44,22 @@ from helpers.distributed import (
     finish_run,
     setup_process_group,
 )
+from helpers.hangs import hang_report, register_stack_dump, request_stacks
 
 INIT_METHODS = ("env", "tcp", "file")
+
+
+class HangError(TimeoutError):
+    """A launched run did not finish in time; carries where each rank was (`places`) and its stack (`stacks`)."""
+
+    def __init__(
+        self, waiting: list[int], world_size: int, timeout_s: float, report: str, stacks: dict, places: dict
+    ) -> None:
+        self.waiting, self.world_size, self.stacks, self.places = waiting, world_size, stacks, places
+        super().__init__(
+            f"ranks {waiting} of {world_size} did not finish within timeout_s={timeout_s} s; all ranks were "
+            f"stopped. Where each rank was:\n{report}"
+        )
 
 
 class RankError(RuntimeError):
@@ -94,10 +109,13 @@ def _run_rank(
     threads: int,
     env: dict,
     results: Any,
+    stacks_dir: str,
 ) -> None:
     """What each spawned process runs: join the group, call the worker, report its result or error."""
     try:
         os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))  # what torchrun gives each rank
+        register_stack_dump(os.path.join(stacks_dir, f"rank{rank}.txt"))  # the launcher asks for it on a hang
+        dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG on import, before `env` was set
         torch.set_num_threads(threads)
         setup_process_group(rank, world_size, backend=backend, init_method=init_method, timeout_s=timeout_s)
         value = worker(rank, world_size, *args)
@@ -113,7 +131,10 @@ def _run_rank(
         os._exit(1)  # skip destroy_process_group: peers blocked in a collective must not wait on us
     results.close()
     results.join_thread()  # the report has reached the pipe, even if leaving the group below hangs
-    finish_run()  # a barrier (launch stops a rank left waiting there by a failed one); os._exit below
+    try:
+        finish_run()  # a barrier (launch stops a rank left waiting there by a failed one); os._exit below
+    except Exception:  # a peer failed after this rank's report: the launcher names that rank, with its traceback
+        os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip the interpreter's shutdown: PyTorch's C++ destructors now and then abort a finished rank
@@ -168,19 +189,25 @@ def launch(
     init_method: str = "env",
     timeout_s: float = 60.0,
     threads_per_process: int = 1,
+    env: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """Run worker(rank, world_size, *args) on `nprocs` local processes in one process group; return their results.
 
     `backend` defaults to default_backend(nprocs). `init_method` is 'env', 'tcp' or 'file' (how the ranks
     find each other). The whole run, and every collective, must finish within `timeout_s`. Results come
     back in rank order, tensors copied to the CPU. If a rank raises or dies, raises RankError naming it;
-    if the time runs out, TimeoutError. Either way no rank is left running.
+    if the time runs out, HangError (a TimeoutError) saying where each rank was, from its stack, and which rank
+    is not where the others wait. Either way no rank is left running. `env`: more environment variables for the
+    ranks, such as {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"} (each collective compared across the ranks first).
     """
     _check_worker(worker)
     check_int("nprocs", nprocs)
     check_int("threads_per_process", threads_per_process)
     _check_timeout(timeout_s)
     check_choice("init_method", init_method, INIT_METHODS)
+    extra = dict(env or {})
+    if not all(isinstance(key, str) and isinstance(value, str) for key, value in extra.items()):
+        raise TypeError(f"env must map names to strings, such as {{'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}}, got {env!r}")
     backend = default_backend(nprocs) if backend is None else backend
     _check_backend(backend, nprocs)
 
@@ -193,24 +220,26 @@ def launch(
     }[init_method]
     context = mp.get_context("spawn")  # safe in notebooks and on every OS; fork is not, with threads around
     results = context.Queue()
-    env = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs)}
-    shared = (nprocs, worker, tuple(args), backend, url, float(timeout_s), threads_per_process, env, results)
+    where = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs)}
+    stacks_dir = tempfile.mkdtemp(prefix="rank-stacks-")
+    shared = (nprocs, worker, tuple(args), backend, url, float(timeout_s), threads_per_process, extra | where, results)
     processes = []
     try:
         for rank in range(nprocs):
-            process = context.Process(target=_run_rank, name=f"rank{rank}", args=(rank, *shared))
+            process = context.Process(target=_run_rank, name=f"rank{rank}", args=(rank, *shared, stacks_dir))
             process.start()
             processes.append(process)
-        return _collect(processes, results, nprocs, timeout_s)
+        return _collect(processes, results, nprocs, timeout_s, stacks_dir)
     finally:
         _stop(processes)
         results.close()
         results.cancel_join_thread()
+        shutil.rmtree(stacks_dir, ignore_errors=True)
         if file_dir:
             shutil.rmtree(file_dir, ignore_errors=True)
 
 
-def _collect(processes: list, results: Any, nprocs: int, timeout_s: float) -> list[Any]:
+def _collect(processes: list, results: Any, nprocs: int, timeout_s: float, stacks_dir: str) -> list[Any]:
     """Wait for every rank's report; raise on the first failure, a silent death, or the deadline."""
     deadline = time.monotonic() + timeout_s
     outcomes: dict[int, tuple] = {}  # rank -> (status, payload, wall-clock time of the report)
@@ -252,9 +281,11 @@ def _collect(processes: list, results: Any, nprocs: int, timeout_s: float) -> li
                     raise _silent_exit(rank, process.exitcode, nprocs)
         if time.monotonic() > deadline:
             waiting = [rank for rank in range(nprocs) if rank not in outcomes]
-            raise TimeoutError(
-                f"ranks {waiting} of {nprocs} did not finish within timeout_s={timeout_s} s; all ranks were stopped"
-            )
+            finished = [rank for rank, outcome in outcomes.items() if outcome[0] == "ok"]
+            alive = {rank: process.pid for rank, process in enumerate(processes) if process.is_alive()}
+            stacks = request_stacks(alive, stacks_dir)
+            report, places = hang_report(waiting, finished, stacks, nprocs)
+            raise HangError(waiting, nprocs, timeout_s, report, stacks, places)
 
 
 def _silent_exit(rank: int, exitcode: int | None, nprocs: int, also_failed: Sequence[int] = ()) -> RankError:

@@ -22,7 +22,8 @@ from helpers.distributed import (
     teardown_process_group,
     world_of_one,
 )
-from helpers.processes import RankError, import_fresh, is_running, launch
+from helpers.hangs import CAN_DUMP
+from helpers.processes import HangError, RankError, import_fresh, is_running, launch
 from helpers.torchrun import run_torchrun, torchrun_command
 from helpers.workers import common
 from helpers.workers import ddp as workers
@@ -360,6 +361,33 @@ def test_a_hanging_rank_hits_the_timeout_and_every_rank_is_stopped(tmp_path):
     assert time.monotonic() - start < 20 + 15  # the timeout, plus at most the grace period to stop the ranks
     pids = _pids(tmp_path)
     assert len(pids) == 2 and not any(is_running(pid) for pid in pids)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CAN_DUMP, reason="a rank's stack is asked for with SIGUSR1, which Windows lacks")
+def test_a_hang_is_reported_with_where_each_rank_is_and_the_rank_that_skipped_the_collective(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(HangError) as caught:
+        launch(workers.failing_worker, 2, args=(1, "skip", str(tmp_path)), timeout_s=15)
+    assert time.monotonic() - start < 15 + 30  # the timeout, the stacks and stopping the ranks
+    error = caught.value
+    assert error.waiting == [0] and sorted(error.stacks) == [0, 1]
+    assert error.places[0].startswith("waiting in dist.all_reduce, called at ddp.py:")
+    assert error.places[0].endswith("in failing_worker") and "its worker returned" in error.places[1]
+    assert "rank(s) [1] never reached the dist.all_reduce at ddp.py:" in str(error)
+    assert not any(is_running(pid) for pid in _pids(tmp_path))
+
+
+@pytest.mark.slow
+def test_detail_debugging_names_the_mismatched_collectives():
+    with pytest.raises(RankError, match="Detected mismatch between collectives") as caught:
+        launch(workers.failing_worker, 2, args=(1, "skip"), timeout_s=60, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert "ALLREDUCE" in str(caught.value)
+
+
+def test_launch_refuses_an_environment_that_is_not_names_to_strings():
+    with pytest.raises(TypeError, match="env must map names to strings"):
+        launch(workers.describe_rank, 2, env={"TORCH_DISTRIBUTED_DEBUG": 1})
 
 
 @pytest.mark.slow

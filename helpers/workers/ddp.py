@@ -28,7 +28,7 @@ from helpers.grads import flat_grad
 
 from .common import ddp_device_ids, gradient_batch, local_device, mlp
 
-FAILURE_MODES = ("raise", "exit", "hang")
+FAILURE_MODES = ("raise", "exit", "hang", "skip")
 
 
 # ---------------------------------------------------------------- who is who
@@ -191,7 +191,8 @@ def gradients_worker(rank: int, world_size: int, seed: int, batch_size: int) -> 
 
 
 def failing_worker(rank: int, world_size: int, bad_rank: int, mode: str = "raise", pid_dir: str | None = None) -> int:
-    """Rank `bad_rank` fails ('raise' an error, 'exit' hard, or 'hang'); the others wait at a barrier."""
+    """Rank `bad_rank` fails ('raise' an error, 'exit' hard, 'hang', or 'skip' the all_reduce every other rank
+    calls, the classic hang); the others wait at a barrier."""
     check_choice("mode", mode, FAILURE_MODES)
     if pid_dir is not None:
         Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
@@ -200,7 +201,11 @@ def failing_worker(rank: int, world_size: int, bad_rank: int, mode: str = "raise
             raise ValueError(f"rank {rank} was told to fail")
         if mode == "exit":
             os._exit(3)
+        if mode == "skip":  # the all_reduce below, skipped here only: a condition true on one rank
+            return rank
         while True:
             time.sleep(0.1)
+    if mode == "skip":
+        dist.all_reduce(torch.ones(1))  # every other rank waits here for the bad rank, which never comes
     dist.barrier()  # waits for the bad rank, which never arrives
     return rank
