@@ -79,7 +79,7 @@ stress: $(STAMP)
 	done
 
 # The lessons with their outputs, a static site that opens from disk: build/site/index.html. Executes each notebook
-# whose executed copy in build/executed/ is stale (all eighteen the first time: 6-10 minutes on 2 cores), then renders.
+# whose executed copy in build/executed/ is stale (all nineteen the first time: 8-12 minutes on 2 cores), then renders.
 site: $(SITE_STAMP) $(KERNEL)
 	$(PY) scripts/build_site.py build
 

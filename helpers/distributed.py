@@ -87,26 +87,29 @@ def setup_process_group(
         torch.cuda.set_device(device)  # one process per GPU: this rank's "cuda" is its own GPU
     timeout = datetime.timedelta(seconds=timeout_s)
     if init_method == "env://" and "TORCHELASTIC_RESTART_COUNT" in os.environ:  # started by torchrun
-        store = attempt_store(rank, world_size, timeout)
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+        store = attempt_store(store, world_size, int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     else:
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
     return device
 
 
-def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
-    """Under torchrun: the launcher's key-value store, seen through a prefix of this attempt's own.
+def attempt_store(store: dist.Store, world_size: int, restart_count: int) -> dist.Store:
+    """`store` seen through a prefix of this attempt's own, the same for every rank of the attempt.
 
-    torchrun keeps one store for the whole job, through every restart (`--max-restarts`) and every change of
-    members (`--nnodes=1:2`). Ranks meet there: each writes its address and reads the others'. A restarted group
+    torchrun keeps one key-value store for the whole job, through every restart (`--max-restarts`) and every change
+    of members (`--nnodes=1:2`). Ranks meet there: each writes its address and reads the others'. A restarted group
     reading the store as is could find the address a rank of the attempt before wrote, and wait on a process that
-    is gone (gloo: "connectFullMesh failed ... Connection refused"), depending on which rank comes up first.
-    So each rank counts itself in under the restart count torchrun gives it and the world size, and every rank of
-    an attempt gets the same fresh prefix: no key of an earlier attempt can be read.
+    is gone (gloo: "connectFullMesh failed ... Connection refused"), depending on which rank comes up first. So each
+    rank counts itself in under the restart count torchrun gives it and the world size (torchrun re-forms a group
+    without counting a restart when a node joins), and the ranks of one attempt, counted 1 to world_size, share a
+    fresh prefix: no key of an earlier attempt can be read.
     """
-    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
-    group = f"course/{os.environ['TORCHELASTIC_RESTART_COUNT']}/{world_size}"
-    attempt = (store.add(f"{group}/joined", 1) - 1) // world_size  # the ranks of an attempt count 1..world_size
+    check_int("world_size", world_size)
+    check_int("restart_count", restart_count, minimum=0)
+    group = f"course/{restart_count}/{world_size}"
+    attempt = (store.add(f"{group}/joined", 1) - 1) // world_size
     return dist.PrefixStore(f"{group}/{attempt}/", store)
 
 

@@ -86,7 +86,7 @@ class Config:
     text: str | None = None  # a file or folder of your own text, read as bytes; None: the standard library
     batch_size: int = 16  # sequences per micro-batch, per rank
     accumulation: int = 1  # micro-batches per optimizer step (lesson 05)
-    global_batch: int = 0  # sequences per step over all ranks, the accumulation worked out per world size; 0: off
+    global_batch: int = 0  # sequences per step on all ranks; the accumulation set per world size (lesson 17)
     workers: int = 0  # DataLoader worker processes (lesson 02)
     pin_memory: bool = False  # page-locked batches, copied to a GPU asynchronously (lesson 02)
     # the update (lessons 03 and 04)
