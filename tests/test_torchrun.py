@@ -207,14 +207,24 @@ def _two_launchers(options: list[str], env: dict, *, static: bool) -> str:
     return outputs[0] + outputs.get(1, "")
 
 
+SAVING = ["--log-every", "4", "--save-every", "12", "--dropout", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def one_launcher(text_file, tmp_path_factory) -> Path:
+    """The folder of a run by one launcher of two ranks, which the two-node runs must match."""
+    folder = tmp_path_factory.mktemp("one-launcher")
+    run_torchrun(TRAIN, _options(text_file, folder / "run", *SAVING), nproc_per_node=2, env=_env(folder))
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("rendezvous", ["c10d", "static"])
-def test_two_nodes_on_one_machine_train_to_the_weights_of_one_launcher(text_file, tmp_path, rendezvous):
-    env, saving = _env(tmp_path), ["--log-every", "4", "--save-every", "12", "--dropout", "0.1"]
-    run_torchrun(TRAIN, _options(text_file, tmp_path / "one", *saving), nproc_per_node=2, env=env)
-    output = _two_launchers(_options(text_file, tmp_path / "two", *saving), env, static=rendezvous == "static")
+def test_two_nodes_on_one_machine_train_to_the_weights_of_one_launcher(text_file, tmp_path, one_launcher, rendezvous):
+    env = _env(one_launcher)  # the corpus cache the reference run built
+    output = _two_launchers(_options(text_file, tmp_path / "two", *SAVING), env, static=rendezvous == "static")
     assert "2 rank(s)" in output
-    assert _same_states(tmp_path / "one", tmp_path / "two", 12)
+    assert _same_states(one_launcher / "run", tmp_path / "two", 12)
 
 
 @pytest.mark.slow
