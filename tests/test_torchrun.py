@@ -2,6 +2,7 @@
 rank is killed (bit-identical to a run never stopped), two nodes on one machine (c10d and static rendezvous) against
 one launcher, an elastic group that takes a second node, and one live run per output folder."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -111,39 +112,38 @@ def test_a_folder_is_claimed_for_the_block_and_released_after(tmp_path):
             pass
 
 
-def test_a_folder_a_live_process_holds_is_refused_and_a_dead_one_s_is_taken_over(tmp_path):
-    folder = tmp_path / "run"
+@contextlib.contextmanager
+def held_by_another_process(folder: Path):
+    """A Python process that claims `folder` and waits; killed at the end, so its claim stays behind, stale."""
     code = f"from helpers.run_folder import claim_run_folder\nwith claim_run_folder({str(folder)!r}):\n    input()\n"
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True, env=torchrun_env())
     try:
         deadline = time.monotonic() + 30
         while folder_owner(folder) is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_folder_a_live_process_holds_is_refused_and_a_dead_one_s_is_taken_over(tmp_path):
+    folder = tmp_path / "run"
+    with held_by_another_process(folder) as holder:
         with pytest.raises(ValueError, match=f"process {holder.pid} on this machine writes there"):
             with claim_run_folder(folder):
                 pass
-    finally:
-        holder.kill()  # killed: its claim stays behind, stale
-        holder.wait()
     assert (folder / OWNER_FILE).exists() and folder_owner(folder) is None
     with claim_run_folder(folder):
         assert folder_owner(folder)["pid"] == os.getpid()
 
 
-def test_the_training_script_refuses_a_folder_a_live_run_holds(tmp_path, capsys):
+def test_the_training_script_refuses_a_folder_a_live_run_holds(tmp_path):
     from helpers.cli.train_gpt import main
 
-    folder = tmp_path / "run"
-    code = f"from helpers.run_folder import claim_run_folder\nwith claim_run_folder({str(folder)!r}):\n    input()\n"
-    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True, env=torchrun_env())
-    try:
-        while folder_owner(folder) is None:
-            time.sleep(0.05)
+    with held_by_another_process(tmp_path / "run"):
         with pytest.raises(SystemExit, match="is the folder of a run still going"):
-            main(["--out", str(folder), "--steps", "1", "--no-progress"])
-    finally:
-        holder.kill()
-        holder.wait()
+            main(["--out", str(tmp_path / "run"), "--steps", "1", "--no-progress"])
 
 
 # ---------------------------------------------------------------- real launches (gloo, tiny GPT)
