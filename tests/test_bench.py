@@ -97,9 +97,10 @@ def test_gpt_ladder_adds_the_switches_one_at_a_time_and_names_each_rungs_mfu(mon
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
     text = tmp_path / "text.txt"
     text.write_text("def f(x):\n    return x\n" * 2000)
-    monkeypatch.setattr(bench, "_capstone_text", lambda: str(text))
     monkeypatch.setattr("helpers.mfu.matmul_flops", lambda device, precision: 1e9)
-    [(caption, measured)] = bench.gpt_ladder(torch.device("cpu"), quick=quick, repeat=3, steps_per_call=1)
+    [(caption, measured)] = bench.gpt_ladder(
+        torch.device("cpu"), quick=quick, repeat=3, steps_per_call=1, text=str(text)
+    )
     compiles = not quick and compat.compiled_gpt_gradients_right("cpu")[0]
     rungs = ["fp32 eager", "+ fused AdamW", "+ bf16", *(["+ compile"] if compiles else [])]
     assert list(measured.results) == rungs and measured.unit == "token"

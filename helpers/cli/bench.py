@@ -258,15 +258,13 @@ def optimizer_implementations(device: torch.device, *, models: dict[str, Callabl
 
 
 # ---------------------------------------------------------------- 9. the capstone's ladder (notebook 16)
-def _capstone_text() -> str | None:
-    """The corpus the ladder trains on: the capstone's default, the standard library's source (None)."""
-    return None
-
-
-def gpt_ladder(device: torch.device, *, quick: bool, repeat: int, steps_per_call: int = 4) -> list[Table]:
+def gpt_ladder(
+    device: torch.device, *, quick: bool, repeat: int, steps_per_call: int = 4, text: str | None = None
+) -> list[Table]:
     """The capstone GPT at its sizes for the device, a plain fp32 step and then the course's switches one at a time
     (fused AdamW, TF32 where the GPU has it, 16-bit autocast, torch.compile but in --quick): tokens per second, and
-    each rung's MFU against the matmul ceiling measured here in its precision, named in the caption."""
+    each rung's MFU against the matmul ceiling measured here in its precision, named in the caption. `text`: the
+    corpus (a file or folder); None: the capstone's, the standard library's source."""
     from helpers.cli.train_gpt import Config, build, train_step
     from helpers.gpt import flops_per_token
     from helpers.mfu import matmul_flops, mfu
@@ -280,7 +278,7 @@ def gpt_ladder(device: torch.device, *, quick: bool, repeat: int, steps_per_call
         "n_head": sizes["N_EMBD"] // sizes["HEAD_SIZE"],
     }
     batch = max(1, sizes["BATCH_SIZE"] // 4) if quick and device.type == "cuda" else sizes["BATCH_SIZE"]
-    config = Config(block_size=sizes["BLOCK_SIZE"], batch_size=batch, **shape, text=_capstone_text(), progress=False)
+    config = Config(block_size=sizes["BLOCK_SIZE"], batch_size=batch, **shape, text=text, progress=False)
     changes: list[tuple[str, dict[str, Any]]] = [("fp32 eager", {}), ("+ fused AdamW", {"fused_adamw": True})]
     changes += [("+ TF32", {"precision": "tf32"})] if "tf32" in offered else []
     compiles = not quick and compiled_gpt_gradients_right(device.type)[0]  # torch 2.6 on a CPU: a wrong gradient
