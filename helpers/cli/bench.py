@@ -201,7 +201,7 @@ def mixed_precision(device: torch.device, *, width: int, depth: int, batch: int,
     return [(f"MLP, {depth} x {width}, batch {batch}", measured)]
 
 
-# ---------------------------------------------------------------- 5. inference (notebook 12's and 14's)
+# ---------------------------------------------------------------- 5. inference (notebook 12's and 15's)
 def inference(device: torch.device, *, batch_sizes: Iterable[int], threads: Iterable[int], repeat: int) -> list[Table]:
     """A forward pass of the SmallCNN: plain, no_grad and inference_mode, by thread count and batch size."""
     seed_everything(0)
