@@ -35,6 +35,30 @@ def test_a_world_of_one_saves_and_a_plain_process_loads_model_and_optimizer(tmp_
     assert all(torch.equal(p.detach(), saved["model"][name]) for name, p in plain.named_parameters())
 
 
+@needs_fsdp2_on_cpu
+def test_whole_views_save_a_sharded_run_in_one_file_and_load_it_back_into_fresh_shards(tmp_path):
+    from helpers.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+
+    with world_of_one(timeout_s=60):
+        model, optimizer = workers.trained_fsdp(SEED, HIDDEN, STEPS, BATCH, LR, rank=0, world_size=1)
+        whole, whole_optimizer = workers.WholeModel(model), workers.WholeOptimizer(model, optimizer)
+        with pytest.raises(RuntimeError, match="call gather"):
+            whole.state_dict()
+        whole.gather()
+        whole_optimizer.gather()
+        save_checkpoint(tmp_path / "run.pt", whole, whole_optimizer, step=STEPS)
+        saved = workers.full_state(model, optimizer)
+        fresh, fresh_optimizer = workers.trained_fsdp(SEED + 1, HIDDEN, 1, BATCH, LR, rank=0, world_size=1)
+        views = workers.WholeModel(fresh), workers.WholeOptimizer(fresh, fresh_optimizer)
+        for view in views:
+            view.gather()
+        assert _different(views[0].state_dict(), saved["model"])
+        load_checkpoint(tmp_path / "run.pt", *views)
+        loaded = workers.full_state(fresh, fresh_optimizer)
+    assert set(read_checkpoint(tmp_path / "run.pt")["model"]) == set(saved["model"])  # the plain model's keys
+    assert states_equal(loaded, saved)
+
+
 def test_load_refuses_a_folder_without_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="no distributed checkpoint in .*: its .metadata file"):
         workers.load_checkpoint_here(SEED, HIDDEN, LR, tmp_path)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import compat
 from helpers.checkpoint import read_checkpoint, states_equal
 from helpers.distributed import find_free_port
 from helpers.processes import wait_for_lines
@@ -29,6 +30,7 @@ from helpers.torchrun import (
 )
 
 TRAIN = "helpers.cli.train_gpt"
+SHARDS_ON_CPU, NO_SHARDING_WHY = compat.fsdp2_runs_on("cpu")
 PARTS = ("model", "optimizer", "scheduler", "scaler")
 
 
@@ -166,8 +168,12 @@ def _same_states(folder_a: Path, folder_b: Path, step: int) -> bool:
 
 
 @pytest.mark.slow
-def test_torchrun_restarts_the_group_after_a_rank_is_killed_and_it_ends_bit_identical(text_file, tmp_path):
+@pytest.mark.parametrize(
+    "strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.skipif(not SHARDS_ON_CPU, reason=NO_SHARDING_WHY))]
+)
+def test_torchrun_restarts_the_group_after_a_rank_is_killed_and_it_ends_bit_identical(text_file, tmp_path, strategy):
     env, step_lines = _env(tmp_path), ["--log-every", "1", "--save-every", "3", "--dropout", "0.1"]
+    step_lines += ["--strategy", strategy]  # fsdp: each checkpoint gathered whole from the shards, one file
     run_torchrun(TRAIN, _options(text_file, tmp_path / "straight", *step_lines), nproc_per_node=2, env=env)
     launcher = start_torchrun(
         TRAIN, _options(text_file, tmp_path / "killed", *step_lines), nproc_per_node=2, max_restarts=1, env=env

@@ -63,7 +63,6 @@ def tiny(text_file: Path, **changes) -> Config:
         ({"lr": 0}, "lr must be a positive number"),
         ({"grad_clip": -1.0}, "grad_clip must be a number in"),
         ({"save_every": 5}, "save_every=5 needs out"),
-        ({"save_every": 5, "out": "x", "strategy": "fsdp"}, "save_every with strategy='fsdp'"),
         ({"dropout": 1.0}, "dropout"),
         ({"global_batch": -8}, "global_batch must be an int >= 0"),
         ({"global_batch": 8, "accumulation": 2}, "accumulation=2 with global_batch=8: give one of them"),

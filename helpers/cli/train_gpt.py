@@ -54,7 +54,7 @@ from helpers.loop import autocast_context, make_grad_scaler, precisions_for
 from helpers.preemption import PREEMPTED_EXIT_CODE, StopRequest
 from helpers.progress import progress_bar
 from helpers.run_folder import claim_run_folder
-from helpers.workers.fsdp import shard_blocks
+from helpers.workers.fsdp import WholeModel, WholeOptimizer, shard_blocks
 
 STRATEGIES = ("single", "ddp", "fsdp")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -135,11 +135,6 @@ class Config:
             )
         if self.save_every and self.out is None:
             raise ValueError(f"save_every={self.save_every} needs out, the folder the checkpoints go to")
-        if self.save_every and self.strategy == "fsdp":
-            raise ValueError(
-                "save_every with strategy='fsdp': this script writes whole-model checkpoints only; "
-                "use strategy='ddp', or a distributed checkpoint as lesson 09 writes one"
-            )
 
     def model_config(self) -> GPTConfig:
         """The GPT's shape."""
@@ -307,9 +302,29 @@ def estimate_loss(run: Run) -> float:
     return all_reduce_metrics({"loss": torch.stack(losses).mean().item()}, average=True)["loss"]
 
 
+def checkpoint_parts(run: Run) -> tuple[nn.Module, Any]:
+    """What a checkpoint holds of the model and the optimizer: the bare model and the optimizer, or under FSDP views
+    of them whole (helpers.workers.fsdp.WholeModel), gathered from the shards by every rank: one file either way."""
+    if run.config.strategy != "fsdp":
+        return run.module, run.optimizer
+    model, optimizer = WholeModel(run.module), WholeOptimizer(run.module, run.optimizer)
+    model.gather()
+    optimizer.gather()
+    return model, optimizer
+
+
+def save(run: Run, manager: CheckpointManager, step: int) -> Path | None:
+    """Every rank: the run's state after `step` into a checkpoint, which rank 0 writes; its path there, else None."""
+    model, optimizer = checkpoint_parts(run)  # under FSDP a collective: every rank takes part
+    if run.rank != 0:
+        return None
+    extra = {"settings": run.config.recorded(run.world_size)}
+    return manager.save(model, optimizer, run.scheduler, run.scaler, step=step, extra=extra)
+
+
 def resume(run: Run, manager: CheckpointManager) -> int:
     """Load the newest readable checkpoint of this run (refusing one with other settings); the step it reached."""
-    state = manager.load_latest(run.module, run.optimizer, run.scheduler, run.scaler)
+    state = manager.load_latest(*checkpoint_parts(run), run.scheduler, run.scaler)
     if state is None:
         return 0
     saved, asked = state["extra"]["settings"], run.config.recorded(run.world_size)
@@ -407,17 +422,12 @@ def train(
             say(f"step {done}: validation loss {val_loss:.4f} (unigram baseline {baseline:.4f})", flush=True)
             if writer:
                 writer.add_scalar("validation/loss", val_loss, done)
-        if manager and leader and (done % config.save_every == 0 or done == config.steps):
-            settings = config.recorded(world_size)
-            path = manager.save(
-                run.module, run.optimizer, run.scheduler, run.scaler, step=done, extra={"settings": settings}
-            )
-            say(f"saved step {done} {path}", flush=True)
+        if manager and (done % config.save_every == 0 or done == config.steps):
+            say(f"saved step {done} {save(run, manager, done)}", flush=True)
         if stopping:
             history["preempted_at"] = done
-            if manager and leader:
-                saved = manager.save(run.module, run.optimizer, run.scheduler, run.scaler, step=done,
-                                     extra={"settings": config.recorded(world_size)})  # fmt: skip
+            if manager:
+                saved = save(run, manager, done)
                 say(f"stopped on request after step {done}; saved {saved}: run the same command to resume", flush=True)
             else:
                 say(f"stopped on request after step {done}, with no checkpoint (give --out and --save-every)")

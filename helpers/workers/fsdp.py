@@ -27,7 +27,11 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
     get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
@@ -375,6 +379,57 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
     whole = {"model": model_state, "optimizer": optimizer_state}
     return _to_cpu(whole)
+
+
+class WholeModel(nn.Module):
+    """An FSDP-sharded model as a one-file checkpoint (helpers.checkpoint) sees it: its state dict whole, keyed as
+    the plain model's, and loaded back into each rank's shards. `gather()` is a collective: every rank calls it
+    before a save (rank 0 writes) or a load (each rank reads the file, then keeps its own shards)."""
+
+    sharded: nn.Module
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "sharded", model)  # not a submodule: its parameters stay out of this view's
+        self.gathered: dict[str, Any] | None = None
+
+    def gather(self) -> None:
+        """Every rank: all-gather the shards; each rank then holds the whole state dict."""
+        self.gathered = get_model_state_dict(self.sharded, options=StateDictOptions(full_state_dict=True))
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        if self.gathered is None:
+            raise RuntimeError("WholeModel.state_dict: call gather() on every rank first (it is a collective)")
+        return self.gathered
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Every rank: keep its own shards of the whole `state_dict`."""
+        set_model_state_dict(self.sharded, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+        self.gathered = None
+
+
+class WholeOptimizer:
+    """The optimizer of an FSDP-sharded model, seen whole as WholeModel sees the model (keys by parameter name)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.gathered: dict[str, Any] | None = None
+
+    def gather(self) -> None:
+        """Every rank: all-gather the optimizer state's shards."""
+        options = StateDictOptions(full_state_dict=True)
+        self.gathered = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.gathered is None:
+            raise RuntimeError("WholeOptimizer.state_dict: call gather() on every rank first (it is a collective)")
+        return self.gathered
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Every rank: keep its own shards of the whole optimizer state."""
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state_dict, options=options)
+        self.gathered = None
 
 
 def _to_cpu(value: Any) -> Any:
