@@ -56,9 +56,11 @@ lint: $(STAMP) $(KERNEL)
 # on the oldest torch pyproject.toml allows. Each half alone: `make test-newest`, `make test-floor`.
 test: lint test-newest test-floor
 
+# Each notebook runs once: nbval's run of it, every cell passed, is kept in build/executed/, and the browser test's
+# site build renders those copies instead of executing the lessons again.
 test-newest: $(STAMP) $(KERNEL) $(SITE_STAMP)
 	@bash scripts/ensure-chromium.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --keep-executed build/executed $(PYTEST_ARGS)
 
 # The browser test drives JupyterLab, which runs in .venv; every other test runs here on the floor torch.
 test-floor: $(FLOOR_STAMP)
@@ -68,7 +70,7 @@ test-floor: $(FLOOR_STAMP)
 test-fast: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
-# torchrun restarting a group after one of its ranks is killed, STRESS_RUNS times in a row (10: about 5 minutes on
+# torchrun restarting a group after one of its ranks is killed, STRESS_RUNS times in a row (10: about 3 minutes on
 # 2 cores); each run must end bit-identical to a run never stopped. Not part of `make test`, which runs it once.
 STRESS_RUNS ?= 10
 stress: $(STAMP)

@@ -2,11 +2,18 @@
 notebook's exercise check runs on the reference solution while the learner's stub is in place, no notebook cell
 prints a wall of text, and every ✓ line is short."""
 
+import importlib.util
 import os
+import time
+from pathlib import Path
 
+import matplotlib
 import pytest
 
-os.environ.setdefault("MPLBACKEND", "Agg")
+# Plots draw off-screen in the tests' own process. The notebooks' kernels keep Jupyter's inline plots, so a
+# notebook run kept with --keep-executed shows its figures on the site as a learner sees them.
+matplotlib.use("Agg")
+ROOT = Path(__file__).resolve().parent
 # The notebooks are stored with the learner's stubs; their kernels inherit this, so each exercise's check cell
 # runs the reference solution through the same check (helpers/exercises/__init__.py).
 os.environ.setdefault("COURSE_EXERCISES", "reference")
@@ -16,6 +23,16 @@ os.environ.setdefault("COURSE_EXERCISES", "reference")
 MAX_CELL_TEXT = 3000
 # A check cell ends with one line saying what it showed, read at a glance: "✓ ..." of at most this many characters.
 MAX_TICK_LINE = 120
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--keep-executed",
+        metavar="DIR",
+        default=None,
+        help="write each notebook whose every cell passed, with its outputs, to DIR as the site's build reads it "
+        "(`make test` passes build/executed, so the site renders this run instead of executing every lesson again)",
+    )
 
 
 def pytest_configure(config):
@@ -59,8 +76,10 @@ def notebook_skip_reason(path) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be on the item by then
 def pytest_collection_modifyitems(items):
     """Every executed notebook cell (nbval items from .ipynb files) is a slow test; a notebook whose declared needs
-    this torch or machine lacks is skipped, with the reason in the report."""
+    this torch or machine lacks is skipped, with the reason in the report; browser tests come last."""
     reasons: dict = {}
+    # The browser test renders the site from the notebooks' executed copies: it runs after the notebooks.
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
@@ -96,12 +115,74 @@ def long_tick_lines(outputs) -> list[str]:
     return [line for line in lines if line.startswith("✓") and len(line) > MAX_TICK_LINE]
 
 
+def _load_site_builder():
+    spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class NotebookRun:
+    """The outputs of one notebook's cells as nbval runs them, kept as an executed copy once every cell passed."""
+
+    def __init__(self, path: Path, code_cells: int) -> None:
+        self.path, self.code_cells = path, code_cells
+        self.outputs: dict[int, list] = {}
+        self.started, self.failed = time.perf_counter(), False
+
+    def passed(self, cell_num: int, outputs: list) -> bool:
+        """Records a cell that passed; whether the notebook is now complete, every cell passed."""
+        self.outputs[cell_num] = outputs
+        return not self.failed and len(self.outputs) == self.code_cells
+
+    def keep(self, folder: Path) -> None:
+        import nbformat
+
+        nb = nbformat.read(self.path, as_version=4)
+        code = [cell for cell in nb.cells if cell.cell_type == "code"]
+        for number, cell in enumerate(code):
+            cell.outputs, cell.execution_count = self.outputs[number], number + 1
+            for output in cell.outputs:
+                if output.get("output_type") == "execute_result":
+                    output["execution_count"] = number + 1
+        builder = _load_site_builder()
+        builder.store_executed(self.path, nb, time.perf_counter() - self.started, folder / self.path.name)
+
+
+def _notebook_run(item) -> NotebookRun:
+    runs = item.config.stash.setdefault(NOTEBOOK_RUNS, {})
+    if item.path not in runs:
+        code_cells = sum(cell.cell_type == "code" for cell in item.parent.nb.cells)
+        runs[item.path] = NotebookRun(item.path, code_cells)
+    return runs[item.path]
+
+
+NOTEBOOK_RUNS = pytest.StashKey[dict]()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """After an nbval cell has run, fail it when its text output is a wall of text."""
-    result = yield
+    """After an nbval cell has run, fail it when its text output is a wall of text; with --keep-executed, a
+    notebook whose every cell passed is written out with its outputs."""
+    if item.path.suffix != ".ipynb":
+        return (yield)
+    run = _notebook_run(item)
+    try:
+        result = yield
+        _check_cell_text(item)
+    except BaseException:
+        run.failed = True
+        raise
+    folder = item.config.getoption("--keep-executed")
+    if run.passed(item.cell_num, item.test_outputs or []) and folder:
+        run.keep(Path(folder) if Path(folder).is_absolute() else ROOT / folder)
+    return result
+
+
+def _check_cell_text(item) -> None:
     outputs = getattr(item, "test_outputs", None)
-    if item.path.suffix == ".ipynb" and outputs is not None:
+    if outputs is not None:
         length = cell_text_length(outputs)
         if length > MAX_CELL_TEXT:
             raise AssertionError(
@@ -114,7 +195,6 @@ def pytest_runtest_call(item):
                 f"{item.name} printed a ✓ line of {len(too_long[0])} characters (limit {MAX_TICK_LINE}): say what was "
                 f"shown in one short line, and print the evidence above it: {too_long[0]}"
             )
-    return result
 
 
 @pytest.fixture()

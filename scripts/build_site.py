@@ -129,6 +129,14 @@ def execute(notebook: Path, target: Path) -> float:
     with open(target.with_suffix(".kernel.log"), "w") as kernel_log:
         client.execute(stdout=kernel_log, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - started
+    store_executed(notebook, nb, seconds, target)
+    return seconds
+
+
+def store_executed(notebook: Path, nb: Any, seconds: float, target: Path) -> None:
+    """Writes `nb`, the run of `notebook` that took `seconds`, to `target` as the site reads it: machine paths out,
+    stamped with what made it (the notebook, helpers/, torch), written whole or not at all. `build` calls it after
+    executing a notebook, and so does the notebook run of `make test` (conftest.py's --keep-executed)."""
     scrub_outputs(nb, machine_paths())
     nb.metadata[STAMP_KEY] = {
         "run": "cpu",
@@ -139,10 +147,10 @@ def execute(notebook: Path, target: Path) -> float:
         "date": dt.date.today().isoformat(),
         "seconds": round(seconds, 1),
     }
+    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
     nbformat.write(nb, partial)
     partial.replace(target)
-    return seconds
 
 
 def is_current(notebook: Path, executed: Path) -> bool:

@@ -367,8 +367,8 @@ def test_a_knob_change_reaches_every_section_below(browser, lab):
 SITE = ROOT / "build" / "site"
 EXECUTED = ROOT / "build" / "executed"
 GPU_RUNS = ROOT / "site" / "gpu"
-# The first build executes every notebook (5-8 minutes on 2 cores, more on a busy machine); later ones only
-# what changed, and the pages in seconds.
+# `make test` runs the notebooks first and keeps their executed copies (conftest.py's --keep-executed), so the
+# build renders the pages in seconds; without them it executes every notebook (5-8 minutes on 2 cores).
 SITE_BUILD_TIMEOUT_S = 2400
 # A lesson whose page shows no plot yet, and what one would show: an expected failure until its notebook draws one.
 LESSONS_WITHOUT_A_PLOT: dict[str, str] = {}

@@ -10,6 +10,8 @@ import importlib.util
 import io
 import json
 import re
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -224,3 +226,30 @@ def test_every_committed_gpu_run_is_a_lesson_that_names_its_gpu_torch_and_date()
         assert build_site.run_problem(nb) is None, f"site/gpu/{path.name}: {build_site.run_problem(nb)}"
         text = json.dumps([cell.get("outputs", []) for cell in nb.cells])
         assert not re.search(r"/home/|/root/|/tmp/site/|/tmp/nb/", text), f"site/gpu/{path.name} holds machine paths"
+
+
+@pytest.mark.slow
+def test_the_notebook_run_keeps_each_notebook_whose_cells_all_passed_for_the_site(tmp_path):
+    """`make test` passes --keep-executed (conftest.py): nbval's run of a notebook becomes its executed copy, with
+    the kernel's inline plots, so the site's build renders it instead of executing the notebook a second time."""
+    v4 = nbformat.v4
+    good = v4.new_notebook(cells=[v4.new_markdown_cell("# good")])
+    good.cells += [v4.new_code_cell("import matplotlib.pyplot as plt\n\nprint('hello from', 'the kernel')")]
+    good.cells += [v4.new_code_cell("plt.plot([1, 3, 2])\nplt.show()"), v4.new_code_cell("6 * 7")]
+    bad = v4.new_notebook(cells=[v4.new_code_cell("print('first')"), v4.new_code_cell("raise ValueError('planted')")])
+    for name, nb in (("good", good), ("bad", bad)):
+        nbformat.write(nb, tmp_path / f"{name}.ipynb")
+    kept = tmp_path / "kept"
+    command = [sys.executable, "-m", "pytest", "-p", "conftest", "-c", str(ROOT / "pyproject.toml"), "-q"]
+    command += ["--keep-executed", str(kept), str(tmp_path / "good.ipynb"), str(tmp_path / "bad.ipynb")]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "1 failed, 4 passed" in run.stdout, run.stdout[-3000:]
+    assert sorted(path.name for path in kept.iterdir()) == ["good.ipynb"], "a notebook with a failing cell is not kept"
+    copy = nbformat.read(kept / "good.ipynb", as_version=4)
+    assert build_site.is_current(tmp_path / "good.ipynb", kept / "good.ipynb")
+    assert build_site.run_problem(copy) is None and build_site.plots_problem(copy) is None
+    code = [cell for cell in copy.cells if cell.cell_type == "code"]
+    assert [cell.execution_count for cell in code] == [1, 2, 3]
+    assert code[0].outputs[0]["text"] == "hello from the kernel\n"
+    assert "image/png" in code[1].outputs[-1]["data"], "the kernel draws inline, as in JupyterLab"
+    assert code[2].outputs[0]["data"]["text/plain"] == "42" and code[2].outputs[0]["execution_count"] == 3
