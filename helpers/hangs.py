@@ -23,6 +23,7 @@ import re
 import signal
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -80,21 +81,35 @@ def main_thread_frames(stack: str) -> list[tuple[str, int, str]]:
     return max(parsed, key=len, default=[])
 
 
-def place(frames: list[tuple[str, int, str]]) -> tuple[str, str | None]:
-    """Where a rank is, in words, and the collective it waits in (None when it is not in one)."""
+@dataclass(frozen=True)
+class Place:
+    """Where a rank is: the collective it waits in (None when it is not in one), the call site `at` ("file.py:9 in
+    worker": the collective's caller outside torch, else the innermost frame; None when neither is known), and
+    `words`, the place as the report says it."""
+
+    collective: str | None
+    at: str | None
+
+    @property
+    def words(self) -> str:
+        if self.collective is not None:
+            return f"waiting in dist.{self.collective}" + (f", called at {self.at}" if self.at else "")
+        return f"at {self.at}" if self.at else "its stack could not be read"
+
+
+def _site(frame: tuple[str, int, str]) -> str:
+    file, line, function = frame
+    return f"{os.path.basename(file)}:{line} in {function}"
+
+
+def place(frames: list[tuple[str, int, str]]) -> Place:
+    """Where a rank with these frames (innermost first) is."""
     collective_at = [i for i, (file, _, _) in enumerate(frames) if file.endswith("distributed_c10d.py")]
     if collective_at:
         outermost = collective_at[-1]
-        collective = frames[outermost][2]
         caller = next((frame for frame in frames[outermost + 1 :] if _C10D not in frame[0]), None)
-        if caller is None:
-            return f"waiting in dist.{collective}", collective
-        file, line, function = caller
-        return f"waiting in dist.{collective}, called at {os.path.basename(file)}:{line} in {function}", collective
-    if frames:
-        file, line, function = frames[0]
-        return f"at {os.path.basename(file)}:{line} in {function}", None
-    return "its stack could not be read", None
+        return Place(frames[outermost][2], _site(caller) if caller else None)
+    return Place(None, _site(frames[0]) if frames else None)
 
 
 def hang_report(
@@ -102,29 +117,29 @@ def hang_report(
 ) -> tuple[str, dict[int, str]]:
     """Lines saying where each rank is, and which rank(s) are not where the waiting ones wait; also by rank."""
     places: dict[int, str] = {}
-    waits: dict[int, str] = {}  # rank -> the call site of the collective it waits in
+    waits: dict[int, Place] = {}  # rank -> the collective it waits in, with its call site
     for rank in range(world_size):
         frames = main_thread_frames(stacks[rank]) if rank in stacks else []
-        described, collective = place(frames)
-        if rank in finished and (collective is None or any(fn == "finish_run" for _, _, fn in frames)):
+        where = place(frames)
+        if rank in finished and (where.collective is None or any(fn == "finish_run" for _, _, fn in frames)):
             places[rank] = "its worker returned; waiting for the others at the end of the run"
             continue
         if rank not in stacks:
-            places[rank] = "no stack (stacks need SIGUSR1: Linux or macOS)" if not CAN_DUMP else described
+            places[rank] = "no stack (stacks need SIGUSR1: Linux or macOS)" if not CAN_DUMP else where.words
             continue
-        places[rank] = described
-        if collective is not None:
-            waits[rank] = described.split(", called at ", 1)[-1]
+        places[rank] = where.words
+        if where.collective is not None:
+            waits[rank] = where
     lines = [f"  rank {rank}: {places[rank]}" for rank in range(world_size)]
     if waits:
-        site = max(set(waits.values()), key=list(waits.values()).count)  # where most waiting ranks wait
-        there = sorted(rank for rank, at in waits.items() if at == site)
+        common = max(set(waits.values()), key=list(waits.values()).count)  # where most waiting ranks wait
+        there = sorted(rank for rank, where in waits.items() if where == common)
         elsewhere = [rank for rank in range(world_size) if rank not in there]
         if elsewhere:
-            collective = places[there[0]].split(",", 1)[0].removeprefix("waiting in ")
+            site = f" at {common.at}" if common.at else ""
             lines.append(
-                f"rank(s) {elsewhere} never reached the {collective} at {site} that rank(s) {there} wait in: every "
-                "rank must call the same collectives in the same order, so look for a condition that is true on "
-                "some ranks only (TORCH_DISTRIBUTED_DEBUG=DETAIL makes the ranks compare each collective first)"
+                f"rank(s) {elsewhere} never reached the dist.{common.collective}{site} that rank(s) {there} wait in: "
+                "every rank must call the same collectives in the same order, so look for a condition that is true "
+                "on some ranks only (TORCH_DISTRIBUTED_DEBUG=DETAIL makes the ranks compare each collective first)"
             )
     return "\n".join(lines), places

@@ -133,7 +133,8 @@ def _run_rank(
     results.join_thread()  # the report has reached the pipe, even if leaving the group below hangs
     try:
         finish_run()  # a barrier (launch stops a rank left waiting there by a failed one); os._exit below
-    except Exception:  # a peer failed after this rank's report: the launcher names that rank, with its traceback
+    except Exception as error:  # a peer failed after this rank's report (the launcher names it), or the barrier did
+        print(f"rank {rank}: its worker returned, then leaving the group failed: {error}", file=sys.stderr, flush=True)
         os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,7 +1,7 @@
 """helpers.hangs on stacks as faulthandler writes them: the main thread found among others, the collective a rank
 waits in and its call site, and the rank that is not where the others wait."""
 
-from helpers.hangs import hang_report, main_thread_frames, place
+from helpers.hangs import Place, hang_report, main_thread_frames, place
 
 C10D = "/env/torch/distributed/distributed_c10d.py"
 LOGGER = "/env/torch/distributed/c10d_logger.py"
@@ -38,13 +38,18 @@ def test_the_main_thread_is_the_one_running_the_rank():
 
 
 def test_a_place_names_the_collective_and_its_caller_outside_torch():
-    assert place(main_thread_frames(IN_ALL_REDUCE)) == (
-        "waiting in dist.all_reduce, called at lesson_hang.py:9 in worker",
-        "all_reduce",
-    )
-    assert place(main_thread_frames(ELSEWHERE)) == ("at lesson_hang.py:14 in slow_part", None)
-    assert place([]) == ("its stack could not be read", None)
-    assert place([(C10D, 1, "barrier")]) == ("waiting in dist.barrier", "barrier")
+    in_all_reduce = place(main_thread_frames(IN_ALL_REDUCE))
+    assert in_all_reduce == Place("all_reduce", "lesson_hang.py:9 in worker")
+    assert in_all_reduce.words == "waiting in dist.all_reduce, called at lesson_hang.py:9 in worker"
+    assert place(main_thread_frames(ELSEWHERE)).words == "at lesson_hang.py:14 in slow_part"
+    assert place([]) == Place(None, None) and place([]).words == "its stack could not be read"
+    assert place([(C10D, 1, "barrier")]).words == "waiting in dist.barrier"
+
+
+def test_ranks_in_one_collective_called_from_two_places_are_not_one_place():
+    other_caller = IN_ALL_REDUCE.replace("line 9 in worker", "line 12 in worker")
+    report, _ = hang_report([0, 1, 2], [], {0: IN_ALL_REDUCE, 1: other_caller, 2: IN_ALL_REDUCE}, 3)
+    assert "rank(s) [1] never reached the dist.all_reduce at lesson_hang.py:9 in worker that rank(s) [0, 2]" in report
 
 
 def test_the_rank_that_skipped_the_collective_is_named():
