@@ -174,7 +174,8 @@ def _same_states(folder_a: Path, folder_b: Path, step: int) -> bool:
 def test_torchrun_restarts_the_group_after_a_rank_is_killed_and_it_ends_bit_identical(text_file, tmp_path, strategy):
     env, step_lines = _env(tmp_path), ["--log-every", "1", "--save-every", "3", "--dropout", "0.1"]
     step_lines += ["--strategy", strategy]  # fsdp: each checkpoint gathered whole from the shards, one file
-    run_torchrun(TRAIN, _options(text_file, tmp_path / "straight", *step_lines), nproc_per_node=2, env=env)
+    # The run never stopped trains beside the one that is killed (one thread each: the same bits either way)
+    straight = start_torchrun(TRAIN, _options(text_file, tmp_path / "straight", *step_lines), nproc_per_node=2, env=env)
     launcher = start_torchrun(
         TRAIN, _options(text_file, tmp_path / "killed", *step_lines), nproc_per_node=2, max_restarts=1, env=env
     )
@@ -184,8 +185,10 @@ def test_torchrun_restarts_the_group_after_a_rank_is_killed_and_it_ends_bit_iden
         assert sorted(ranks) == [0, 1]
         ranks[1].send_signal(signal.SIGKILL)
         output = finish_torchrun(launcher, timeout_s=240)
+        finish_torchrun(straight, timeout_s=240)
     finally:
         launcher.kill()
+        straight.kill()
     assert output.count("resumed at step") == 1, output[-3000:]  # one restart was enough
     assert _same_states(tmp_path / "straight", tmp_path / "killed", 12)
 
@@ -236,22 +239,24 @@ def test_two_nodes_on_one_machine_train_to_the_weights_of_one_launcher(text_file
 @pytest.mark.slow
 def test_an_elastic_group_takes_a_second_node_and_keeps_the_global_batch(text_file, tmp_path):
     env = _env(tmp_path)
-    steps, saving = 1000, ["--log-every", "50", "--save-every", "50", "--batch-size", "4", "--global-batch", "8"]
-    run_torchrun(TRAIN, _options(text_file, tmp_path / "alone", *saving, steps=steps), nproc_per_node=1, env=env)
+    steps, saving = 500, ["--log-every", "25", "--save-every", "25", "--batch-size", "4", "--global-batch", "8"]
     endpoint, options = f"127.0.0.1:{find_free_port()}", _options(text_file, tmp_path / "grown", *saving, steps=steps)
     elastic = {"nproc_per_node": 1, "nnodes": "1:2", "rdzv_endpoint": endpoint, "join_s": 1, "env": env}
-    first = start_torchrun(TRAIN, options, **elastic)
-    second = None
+    # The reference, one rank throughout, trains beside the elastic run (one thread each: the same bits either way)
+    alone = start_torchrun(
+        TRAIN, _options(text_file, tmp_path / "alone", *saving, steps=steps), nproc_per_node=1, env=env
+    )
+    first, second, outputs = start_torchrun(TRAIN, options, **elastic), None, {}
     try:
-        assert wait_for_lines(first, "saved step 50")  # training alone, a world of one
+        assert wait_for_lines(first, "saved step 25")  # training alone, a world of one
         second = start_torchrun(TRAIN, options, **elastic)
-        outputs: dict[str, str] = {}
         reader = threading.Thread(target=lambda: outputs.__setitem__("second", finish_torchrun(second, 240)))
         reader.start()
         outputs["first"] = finish_torchrun(first, 240)
         reader.join()
+        finish_torchrun(alone, 240)
     finally:
-        for launcher in (first, second):
+        for launcher in (alone, first, second):
             if launcher is not None:
                 launcher.kill()
     both = outputs["first"] + outputs.get("second", "")
