@@ -129,6 +129,24 @@ def held_by_another_process(folder: Path):
         holder.wait()
 
 
+def test_of_runs_started_into_one_folder_at_the_same_instant_exactly_one_gets_it(tmp_path):
+    folder, go = tmp_path / "run", tmp_path / "go"
+    # A slow file system, played by a pause after each read of who holds the folder: whoever reads the folder as
+    # free must not take it on that word alone
+    code = (
+        "import pathlib, sys, time\nfrom helpers import run_folder\nfrom helpers.run_folder import claim_run_folder\n"
+        "read = run_folder.folder_owner\nrun_folder.folder_owner = lambda path: (read(path), time.sleep(0.3))[0]\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.001)\n"
+        f"try:\n    with claim_run_folder({str(folder)!r}):\n        print('claimed', flush=True); time.sleep(2)\n"
+        "except ValueError:\n    print('refused')\n"
+    )
+    runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(1.5)  # all four are waiting for the same instant
+    go.touch()
+    said = sorted(run.communicate(timeout=60)[0].strip() for run in runs)
+    assert said == ["claimed", "refused", "refused", "refused"]
+
+
 def test_a_folder_a_live_process_holds_is_refused_and_a_dead_one_s_is_taken_over(tmp_path):
     folder = tmp_path / "run"
     with held_by_another_process(folder) as holder:
