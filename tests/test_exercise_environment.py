@@ -9,7 +9,17 @@ from helpers.exercises.environment import check_reproducible
 
 
 def _settings():
-    return torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+    )
+
+
+def _restore(before):
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.backends.cudnn.benchmark = before[2]
 
 
 @contextlib.contextmanager
@@ -36,8 +46,7 @@ def without_finally():  # right when the block ends normally; an exception skips
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     yield
-    torch.use_deterministic_algorithms(before[0])
-    torch.backends.cudnn.benchmark = before[1]
+    _restore(before)
 
 
 @contextlib.contextmanager
@@ -50,8 +59,7 @@ def swallows_the_exception():  # restores, but the caller never hears of the err
     except Exception:
         pass
     finally:
-        torch.use_deterministic_algorithms(before[0])
-        torch.backends.cudnn.benchmark = before[1]
+        _restore(before)
 
 
 @contextlib.contextmanager
@@ -66,12 +74,47 @@ def cudnn_deterministic_only():  # the post's switch: cuDNN alone, torch's other
 
 @contextlib.contextmanager
 def benchmark_left_on():  # determinism on, but benchmark still picks algorithms by timing
-    before = torch.are_deterministic_algorithms_enabled()
+    before = _settings()
     torch.use_deterministic_algorithms(True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(before)
+        _restore(before)
+
+
+@contextlib.contextmanager
+def only_warns():  # a nondeterministic op would still run, with a warning
+    before = _settings()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        _restore(before)
+
+
+@contextlib.contextmanager
+def forgets_warn_only():  # restores the mode but not warn_only, which use_deterministic_algorithms(mode) resets
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark = before[1]
+
+
+@contextlib.contextmanager
+def cudnn_deterministic_left_set():  # right about the two settings, and sets a third it never puts back
+    before = _settings()
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        _restore(before)
 
 
 def not_a_context_manager():  # switches the settings when called; nothing to enter or leave
@@ -79,7 +122,7 @@ def not_a_context_manager():  # switches the settings when called; nothing to en
     torch.backends.cudnn.benchmark = False
 
 
-_SAVED_ONCE = (False, False)  # read when the module was written, not when the block starts
+_SAVED_ONCE = (False, False, False)  # read when the module was written, not when the block starts
 
 
 @contextlib.contextmanager
@@ -89,8 +132,7 @@ def saved_when_defined():
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(_SAVED_ONCE[0])
-        torch.backends.cudnn.benchmark = _SAVED_ONCE[1]
+        _restore(_SAVED_ONCE)
 
 
 class Reproducible:  # the class form: __enter__ saves and switches, __exit__ restores and lets errors through
@@ -101,15 +143,18 @@ class Reproducible:  # the class form: __enter__ saves and switches, __exit__ re
         return self
 
     def __exit__(self, *exc):
-        torch.use_deterministic_algorithms(self.before[0])
-        torch.backends.cudnn.benchmark = self.before[1]
+        _restore(self.before)
         return False
 
 
 @contextlib.contextmanager
 def with_exit_stack():  # contextlib.ExitStack's callbacks run on any exit
     with contextlib.ExitStack() as stack:
-        stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
+        mode, warn_only = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        stack.callback(torch.use_deterministic_algorithms, mode, warn_only=warn_only)
         stack.callback(setattr, torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
@@ -117,14 +162,17 @@ def with_exit_stack():  # contextlib.ExitStack's callbacks run on any exit
 
 
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
-    (never_restores, r"not \(False, True\) as before the block"),
-    (restores_the_defaults, r"not \(False, True\) as before the block: save both"),
+    (never_restores, "deterministic was True, not False as before the block"),
+    (restores_the_defaults, "benchmark was False, not True as before the block: save torch.backends.cudnn.benchmark"),
     (without_finally, "after the block raised.*in a finally around the yield"),
     (swallows_the_exception, "never reached the caller"),
     (cudnn_deterministic_only, r"torch.use_deterministic_algorithms\(True\) \(cudnn.deterministic covers"),
     (benchmark_left_on, "it was still True inside the block"),
     (not_a_context_manager, "returned NoneType, not a context manager"),
-    (saved_when_defined, r"not \(False, True\) as before the block"),
+    (saved_when_defined, "benchmark was False, not True as before the block"),
+    (only_warns, r"only warned \(warn_only=True\)"),
+    (forgets_warn_only, "warn_only was False, not True as before the block: save torch.is_deterministic"),
+    (cudnn_deterministic_left_set, "cudnn_deterministic was True, not False as before the block"),
 ]
 RIGHT = [Reproducible, with_exit_stack]
 
@@ -148,6 +196,6 @@ def test_the_check_restores_a_non_default_start():
     torch.backends.cudnn.benchmark = True
     try:
         check_reproducible.check(check_reproducible.reference)
-        assert _settings() == (False, True)
+        assert _settings() == (False, False, True, False)
     finally:
         torch.backends.cudnn.benchmark = False
