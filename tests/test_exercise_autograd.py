@@ -56,6 +56,33 @@ def without_the_softmax(model, x, target):  # the gradient of the target's logit
         return torch.autograd.grad(picked, inputs)[0]
 
 
+def freezes_the_model(model, x, target):  # no parameter .grad touched, because none is asked for again
+    model.requires_grad_(False)
+    inputs = x.detach().requires_grad_()
+    with torch.enable_grad():
+        F.cross_entropy(model(inputs), target, reduction="sum").backward()
+    return inputs.grad
+
+
+def grad_mode_on_for_good(model, x, target):  # set_grad_enabled called as a function, never switched back
+    torch.set_grad_enabled(True)
+    inputs = x.detach().requires_grad_()
+    return torch.autograd.grad(F.cross_entropy(model(inputs), target, reduction="sum"), inputs)[0]
+
+
+def leaves_it_in_eval_mode(model, x, target):  # eval() for a "clean" gradient, and the caller's mode is lost
+    model.eval()
+    inputs = x.detach().requires_grad_()
+    with torch.enable_grad():
+        return torch.autograd.grad(F.cross_entropy(model(inputs), target, reduction="sum"), inputs)[0]
+
+
+def returns_a_tuple(model, x, target):  # autograd.grad's tuple, not its one tensor
+    inputs = x.detach().requires_grad_()
+    with torch.enable_grad():
+        return torch.autograd.grad(F.cross_entropy(model(inputs), target, reduction="sum"), inputs)
+
+
 def with_torch_func(model, x, target):  # a function transform: it ignores the caller's no_grad
     gradient = torch.func.grad(lambda inputs: F.cross_entropy(model(inputs), target, reduction="sum"))
     return gradient(x).detach()  # detached: the result depends on the parameters too
@@ -80,6 +107,10 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (with_create_graph, "still requires grad"),
     (of_the_output, r"shape \(1, 3\), not x's \(1, 5\)"),
     (without_the_softmax, "differs from each sample's gradient"),
+    (freezes_the_model, r"came back frozen \(0.weight.requires_grad is False\)"),
+    (grad_mode_on_for_good, "grad mode was still on after the call, inside the caller's no_grad"),
+    (leaves_it_in_eval_mode, "was in train mode and came back in eval mode"),
+    (returns_a_tuple, "it returned tuple, not a tensor"),
 ]
 RIGHT = [with_torch_func, sample_by_sample]
 

@@ -59,6 +59,17 @@ class NormalisesInPlace(TargetInsideTheWindow):  # scales the caller's series in
         return self.series[i : i + self.length], self.series[i + self.length]
 
 
+class AsFloat32(Dataset):  # "models want floats": the integer series' values cast on the way out
+    def __init__(self, series, length):
+        self.series, self.length = series.float(), length
+
+    def __len__(self):
+        return len(self.series) - self.length
+
+    def __getitem__(self, i):
+        return self.series[i : i + self.length], self.series[i + self.length]
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (AllPositions, r"len\(dataset\) is 50, not len\(series\) - length = 42"),
     (OneTooMany, "one window too many"),
@@ -68,6 +79,7 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (EveryWindowFromZero, r"window is not series\[1 : 9\]"),
     (WindowOnly, r"a sample must be a pair \(window, target\)"),
     (NormalisesInPlace, "the series was changed"),
+    (AsFloat32, "came out as torch.float32 and torch.float32, but the series is torch.int64"),
 ]
 
 

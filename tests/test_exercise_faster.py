@@ -1,13 +1,16 @@
 """The my_rung exercise gives each kind of mistake its own hint."""
 
 import copy
+import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from helpers.data import make_loader
 from helpers.exercises.faster import check_my_rung
+from helpers.loop import train_epoch
 
 
 def plain_epoch(model, loader, optimizer, device, *, zero_grad=True):
@@ -65,6 +68,18 @@ def forgets_zero_grad(model, train_set, *, batch_size, lr, seed, device):
     return plain_epoch(model, loader, optimizer, device, zero_grad=False)
 
 
+def unseeded_order(model, train_set, *, batch_size, lr, seed, device):  # shuffled, from the global RNG
+    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    return functools.partial(train_epoch, model, loader, optimizer, F.cross_entropy, device=device, progress=False)
+
+
+def fixed_order(model, train_set, *, batch_size, lr, seed, device):  # the data in the same order every epoch
+    loader = make_loader(train_set, batch_size=batch_size, seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    return functools.partial(train_epoch, model, loader, optimizer, F.cross_entropy, device=device, progress=False)
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (returns_nothing, "must return a function that trains one epoch"),
     (never_steps, "ran no optimizer.step"),
@@ -73,6 +88,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (doubles_the_batch, "optimizer steps; yours took"),
     (steps_every_micro_batch, "micro-batches must accumulate"),
     (forgets_zero_grad, "Zero the gradients after every step"),
+    (unseeded_order, "two first epochs with seed=0 ended with different weights: the order of the data ignores"),
+    (fixed_order, "the data comes in one fixed order; shuffle it"),
 ]
 
 

@@ -124,6 +124,18 @@ def with_for_else(step, batch_size):
     raise last
 
 
+def gives_up_one_doubling_early(step, batch_size):  # >= where > belongs: one-sample micro-batches never tried
+    micro_batches = 1
+    while True:
+        try:
+            step(micro_batches)
+            return micro_batches
+        except torch.OutOfMemoryError:
+            if 2 * micro_batches >= batch_size:
+                raise
+        micro_batches *= 2
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (no_retry, "left your function: catch torch.OutOfMemoryError and try twice"),
     (retries_inside_except, "was called inside an except block"),
@@ -134,6 +146,7 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (returns_the_next_count, "first fitted in 1 micro-batches .* returned 2"),
     (runs_the_step_twice, "ran to the end 2 times"),
     (adds_one, r"try 1, 2, 4, ... micro-batches in turn \(\[1, 2, 4\]\), your calls were \[1, 2, 3, 4\]"),
+    (gives_up_one_doubling_early, r"gave up after step\(4\) \(calls: \[1, 2, 4\]\) though 8 micro-batches of 1"),
 ]
 RIGHT = [iterative_with_flag, with_for_else]
 

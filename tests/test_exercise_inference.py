@@ -82,6 +82,28 @@ def probability_first(model, image):
     return float(probabilities.max()), int(probabilities.argmax())  # the pair in the wrong order
 
 
+def never_moves_the_image(model, image):  # right while model and image share a device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            probabilities = model(image.unsqueeze(0)).softmax(dim=1)[0]
+    finally:
+        model.train(was_training)
+    return int(probabilities.argmax()), float(probabilities.max())
+
+
+def to_a_fixed_device(model, image):  # the notebook's device, not the model's
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            probabilities = model(image.unsqueeze(0).to("cpu")).softmax(dim=1)[0]
+    finally:
+        model.train(was_training)
+    return int(probabilities.argmax()), float(probabilities.max())
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (forgets_eval, "call model.eval"),
     (leaves_eval_mode_on, "left it in eval mode"),
@@ -92,6 +114,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (records_a_graph, "recorded a graph"),
     (returns_log_probabilities, "log-probabilities .log_softmax."),
     (probability_first, r"return \(class, probability\), in that order"),
+    (never_moves_the_image, "with the model's weights on meta and the image on cpu, predict gave the model an image"),
+    (to_a_fixed_device, "move the image to the model's own device"),
 ]
 
 
@@ -106,7 +130,8 @@ def under_no_grad_returning_tensors(model, image):
     model.eval()
     try:
         with torch.no_grad():
-            probability, label = model(image[None]).softmax(dim=-1).max(dim=-1)
+            weights = next(model.parameters())
+            probability, label = model(image[None].to(weights.device)).softmax(dim=-1).max(dim=-1)
     finally:
         model.train(was_training)
     return label[0], probability[0]  # 0-dim tensors: int() and float() read them

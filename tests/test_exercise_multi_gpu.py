@@ -64,6 +64,24 @@ def divided_by_the_devices(model, inputs, targets, n_devices):
     return total / n_devices  # weighted by rows, but divided by the replicas instead of the rows
 
 
+def pieces_of_n_rows(model, inputs, targets, n_devices):  # split(n): pieces of n rows each, not n pieces
+    total = 0
+    for piece_inputs, piece_targets in zip(inputs.split(n_devices), targets.split(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()
+        total = total + flat_grad(replica) * len(piece_targets)
+    return total / len(targets)  # still the full-batch gradient: any cut, weighted by rows, gives it
+
+
+def pieces_cut_by_tensor_split(model, inputs, targets, n_devices):  # [4, 3, 3] for 10 rows where chunk cuts [4, 4, 2]
+    total = 0
+    for piece_inputs, piece_targets in zip(inputs.tensor_split(n_devices), targets.tensor_split(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets, reduction="sum").backward()
+        total = total + flat_grad(replica)
+    return total / len(targets)
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (plain_mean_over_replicas, "a plain mean over the replicas counts a short piece"),
     (backward_on_the_model, "`model` now holds gradients"),
@@ -71,6 +89,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (summed_losses, "backpropagate each piece's mean cross_entropy on its own replica"),
     (one_replica_for_all_pieces, r"off by up to .* with 32 rows in pieces of \[16, 16\]: .*on its own replica"),
     (divided_by_the_devices, r"off by up to [0-9.]+e\+00 with 32 rows in pieces of \[16, 16\]"),
+    (pieces_of_n_rows, r"with 32 rows on 2 devices the forward passes got \[2, 2, .*inputs.split\(2\) pieces of 2"),
+    (pieces_cut_by_tensor_split, r"forward passes got \[4, 3, 3\] rows, but .* torch.chunk into \[4, 4, 2\]"),
 ]
 
 
@@ -80,17 +100,17 @@ def test_each_mistake_gets_its_hint(wrong, hint):
         check_gradient_from_replicas(wrong)
 
 
-def pieces_cut_by_tensor_split(model, inputs, targets, n_devices):
-    """Other pieces than DataParallel's ([4, 3, 3] for 10 rows), each weighted by its rows: the same gradient."""
+def summed_per_piece(model, inputs, targets, n_devices):
+    """Each replica's summed loss, the total divided by the rows once: the same gradient, weighted implicitly."""
     total = 0
-    for piece_inputs, piece_targets in zip(inputs.tensor_split(n_devices), targets.tensor_split(n_devices)):
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
         replica = copy.deepcopy(model)
         F.cross_entropy(replica(piece_inputs), piece_targets, reduction="sum").backward()
         total = total + flat_grad(replica)
     return total / len(targets)
 
 
-RIGHT = [pieces_cut_by_tensor_split]
+RIGHT = [summed_per_piece]
 
 
 @pytest.mark.parametrize("right", RIGHT)

@@ -1,6 +1,7 @@
 """The save-and-resume exercise gives each kind of mistake its own hint."""
 
 import io
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -152,6 +153,38 @@ class ResumesWithoutTheState(Complete):
         return state["epoch"], state["position"]  # optimizer and scheduler saved, but never loaded back
 
 
+class ThroughANamedTemporaryFile(Complete):
+    """Atomic without fsync: tempfile in the same folder, then os.replace (Path.replace)."""
+
+    def save(self, path, model, optimizer, scheduler, *, epoch, position):
+        with tempfile.NamedTemporaryFile(dir=Path(path).parent, delete=False) as file:
+            super().save(file, model, optimizer, scheduler, epoch=epoch, position=position)
+        Path(file.name).replace(path)
+
+
+class SyncedThroughANamedTemporaryFile(Complete):
+    """tempfile in the same folder, flushed and fsynced, then Path.replace."""
+
+    def save(self, path, model, optimizer, scheduler, *, epoch, position):
+        with tempfile.NamedTemporaryFile(dir=Path(path).parent, delete=False) as file:
+            super().save(file, model, optimizer, scheduler, epoch=epoch, position=position)
+            file.flush()
+            os.fsync(file.fileno())
+        Path(file.name).replace(path)
+
+
+class LoadsAnything(SyncedThroughANamedTemporaryFile):
+    """Atomic and synced, and resumes with weights_only=False: any pickled object, code included, would load."""
+
+    def resume(self, path, model, optimizer, scheduler):
+        state = torch.load(path, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        return state["epoch"], state["position"]
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (WithoutOptimizer, "the optimizer state was not restored"),
     (WithoutRandomState, "the random state was not restored"),
@@ -162,25 +195,18 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (RemovesTheOldFileFirst, "a save interrupted half-way through torch.save .* left half a file"),
     (CopiesTheTemporaryFileOver, "save rewrote the file at path in place"),
     (ResumesWithoutTheState, "the optimizer state was not restored"),
+    (ThroughANamedTemporaryFile, "save never called os.fsync"),
+    (LoadsAnything, "resume loaded with weights_only=False"),
 ]
+
+
+RIGHT = [SyncedThroughANamedTemporaryFile]
 
 
 @pytest.mark.parametrize("wrong, hint", WRONG)
 def test_each_mistake_gets_its_hint(wrong, hint):
     with pytest.raises(AssertionError, match=f"hint: .*{hint}"):
         check_training_checkpoint(wrong)
-
-
-class ThroughANamedTemporaryFile(Complete):
-    """Atomic without fsync: tempfile in the same folder, then os.replace (Path.replace)."""
-
-    def save(self, path, model, optimizer, scheduler, *, epoch, position):
-        with tempfile.NamedTemporaryFile(dir=Path(path).parent, delete=False) as file:
-            super().save(file, model, optimizer, scheduler, epoch=epoch, position=position)
-        Path(file.name).replace(path)
-
-
-RIGHT = [ThroughANamedTemporaryFile]
 
 
 @pytest.mark.parametrize("right", RIGHT)

@@ -75,6 +75,25 @@ class SumsInPlace(nn.Module):  # right numbers, but the caller's x is overwritte
         return x.cumsum_(dim=1).div_(counts)
 
 
+class UnderNoGrad(nn.Module):  # right values, and no gradient reaches the layers before it
+    @torch.no_grad()
+    def forward(self, x):
+        weights = torch.ones(x.shape[1], x.shape[1], device=x.device, dtype=x.dtype).tril()
+        return (weights / weights.sum(dim=1, keepdim=True)) @ x
+
+
+class WeightsThatRequireGrad(nn.Module):  # "weights need gradients": a leaf that fills .grad on every backward
+    def forward(self, x):
+        weights = torch.ones(x.shape[1], x.shape[1], device=x.device, dtype=x.dtype, requires_grad=True)
+        return (weights.tril() / weights.tril().sum(dim=1, keepdim=True)) @ x
+
+
+class DetachedSum(nn.Module):  # the running sum detached "to save memory": the counts still divide x's graph
+    def forward(self, x):
+        counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype).view(1, -1, 1)
+        return x.cumsum(dim=1).detach() / counts + 0 * x
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (WeightsOnTheCpu, r"with x on meta, matmul got tensors on \['cpu', 'meta'\].*device=x.device"),
     (WeightsInFloat32, "on float64 input forward failed"),
@@ -86,6 +105,9 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (DividedByTheLength, r"divided by the whole length \(6\): divide position t by t \+ 1"),
     (UpperTriangle, r"averaged the positions from t to the end \(triu\)"),
     (SumsInPlace, "forward changed x in place"),
+    (UnderNoGrad, r"the output carries no graph \(forward ran under torch.no_grad\(\)"),
+    (WeightsThatRequireGrad, r"forward made a tensor of shape \(6, 6\) with requires_grad=True"),
+    (DetachedSum, "the values are right but their gradient with respect to x is not"),
 ]
 
 

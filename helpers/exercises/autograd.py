@@ -63,12 +63,30 @@ def _check_one(input_gradient: Callable[..., Any], batch: int, under_no_grad: bo
     for parameter, mark in zip(model.parameters(), marks):
         parameter.grad = mark.clone()
     x_before = x.clone()
+    model.train(batch % 2 == 1)  # the caller's mode, which the call must leave as it was: train, then eval
+    mode = "train" if model.training else "eval"
     how = f"on a batch of {batch}" + (" inside torch.no_grad()" if under_no_grad else "")
     if under_no_grad:
         with torch.no_grad():
             got = _call(input_gradient, model, x, target, how)
+            assert not torch.is_grad_enabled(), (
+                f"hint: {how}, grad mode was still on after the call, inside the caller's no_grad: "
+                "torch.set_grad_enabled(True) called as a function switches it on for good; use it (or "
+                "torch.enable_grad()) as a `with` block, which puts the caller's mode back"
+            )
     else:
         got = _call(input_gradient, model, x, target, how)
+    frozen = [name for name, parameter in model.named_parameters() if not parameter.requires_grad]
+    assert not frozen, (
+        f"hint: {how}, the caller's model came back frozen ({frozen[0]}.requires_grad is False): "
+        "requires_grad_(False) on the model is never undone by itself; leave the parameters alone and ask "
+        "torch.autograd.grad for the input's gradient only"
+    )
+    assert model.training == (mode == "train"), (
+        f"hint: {how}, the caller's model was in {mode} mode and came back in "
+        f"{'train' if model.training else 'eval'} mode: put back the mode you found (was_training = "
+        "model.training ... model.train(was_training)), or do not switch it"
+    )
     assert isinstance(got, torch.Tensor), f"hint: {how}, it returned {type(got).__name__}, not a tensor"
     assert not x.requires_grad, (
         f"hint: {how}, the caller's x now has requires_grad=True: you switched it on the caller's tensor; "

@@ -57,6 +57,11 @@ def _check_one(Windows: Callable[..., Any], series: torch.Tensor, length: int, w
             f"hint: {what}: sample {index}'s window has shape {tuple(window.shape)}, not ({length},): "
             "series[i : i + length] holds length values"
         )
+        assert window.dtype == series.dtype and target.dtype == series.dtype, (
+            f"hint: {what}: sample {index} came out as {window.dtype} and {target.dtype}, but the series is "
+            f"{series.dtype}: a Dataset hands its data over as it is (torch.equal compares values, not dtypes: "
+            "100000001 in float32 is 100000000); convert in the model, or with a transform the caller asks for"
+        )
         assert torch.equal(window, series[index : index + length]), (
             f"hint: {what}: sample {index}'s window is not series[{index} : {index + length}]: sample i starts at i"
         )

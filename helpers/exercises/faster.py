@@ -73,10 +73,37 @@ def _one_epoch_counting_steps(epoch: Callable[[], object]) -> int:
     return len(steps)
 
 
+def _first_epoch(my_rung: Callable, train_set: DigitsDataset, seed: int, device: torch.device) -> list[torch.Tensor]:
+    """A fresh model's parameters after my_rung's first epoch with this seed."""
+    model = _fresh_model(device)
+    my_rung(model, train_set, batch_size=BATCH_SIZE, lr=LR, seed=seed, device=device)()
+    return [p.detach() for p in model.parameters()]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Equal up to the run-to-run noise of a GPU's kernels (a different order of the data moves far more)."""
+    return all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(a, b))
+
+
+def _check_order(my_rung: Callable, first: list[torch.Tensor], train_set: DigitsDataset, device: torch.device) -> None:
+    """The data order is shuffled, and drawn from `seed`: the same seed again gives the same first epoch, another
+    seed another one (the model starts the same every time, so only the order can differ)."""
+    assert _same(first, _first_epoch(my_rung, train_set, SEED, device)), (
+        f"hint: two first epochs with seed={SEED} ended with different weights: the order of the data ignores "
+        "`seed`; draw it from the seed, make_loader(train_set, ..., shuffle=True, seed=seed) (or a DataLoader "
+        "with generator=torch.Generator().manual_seed(seed))"
+    )
+    assert not _same(first, _first_epoch(my_rung, train_set, SEED + 1, device)), (
+        f"hint: first epochs with seed={SEED} and seed={SEED + 1} ended with the same weights: the data comes in "
+        "one fixed order; shuffle it (shuffle=True), from the seed"
+    )
+
+
 @exercise("my_rung", reference=reference_my_rung)
 def check_my_rung(my_rung: Callable) -> str:
-    """my_rung's epoch must update every parameter of the model given, step once per BATCH_SIZE images, and end
-    within ACCURACY_TOLERANCE of the plain loop's test accuracy; its throughput is measured against the plain loop."""
+    """my_rung's epoch must update every parameter of the model given, step once per BATCH_SIZE images, visit the
+    data in an order shuffled from `seed`, and end within ACCURACY_TOLERANCE of the plain loop's test accuracy; its
+    throughput is measured against the plain loop."""
     device = pick_device()
     train_set, test_set = _digits()
     model = _fresh_model(device)
@@ -105,6 +132,7 @@ def check_my_rung(my_rung: Callable) -> str:
         f"steps; yours took {steps}. Keep {BATCH_SIZE} images per step: a bigger batch makes fewer, larger steps; "
         "micro-batches must accumulate their gradients and step once per batch_size images"
     )
+    _check_order(my_rung, [p.detach().clone() for p in model.parameters()], train_set, device)
     plain_model = _fresh_model(device)
     plain = plain_rung(plain_model, train_set, batch_size=BATCH_SIZE, lr=LR, seed=SEED, device=device)
     plain()  # the plain loop's first epoch too, so both rungs have trained as long in every timed round

@@ -84,9 +84,16 @@ def _check_fits(fit: Callable[[_CappedStep, int], Any], batch_size: int, fits: i
     try:
         got = _run(fit, step)
     except torch.OutOfMemoryError:
+        last = step.calls[-1] if step.calls else None
+        if last is not None and len(step.calls) > 1 and 2 * last <= batch_size:
+            raise AssertionError(
+                f"hint: a batch of {batch_size} fits in {expected} micro-batches, but your function gave up after "
+                f"step({last}) (calls: {step.calls}) though {2 * last} micro-batches of {batch_size // (2 * last)} "
+                "sample(s) were never tried: give up only when twice the micro-batches would exceed batch_size"
+            ) from None
         raise AssertionError(
             f"hint: a batch of {batch_size} fits in {expected} micro-batches, but the out-of-memory error of "
-            f"step({step.calls[-1] if step.calls else '?'}) left your function: catch torch.OutOfMemoryError and try "
+            f"step({last if last is not None else '?'}) left your function: catch torch.OutOfMemoryError and try "
             "twice the micro-batches"
         ) from None
     assert step.done == 1, (
@@ -102,9 +109,9 @@ def _check_fits(fit: Callable[[_CappedStep, int], Any], batch_size: int, fits: i
 
 @exercise("fit_in_micro_batches", reference=reference_fit_in_micro_batches)
 def check_fit_in_micro_batches(fit: Callable[[_CappedStep, int], Any]) -> str:
-    """Through a stand-in capped step: the whole batch fitting, fitting only in 4 or in 8 micro-batches, a step with a
-    bug of its own (a ValueError, then a RuntimeError that is not out of memory), and nothing fitting at all."""
-    for batch_size, fits, expected in ((64, 64, 1), (64, 16, 4), (48, 6, 8), (1, 1, 1)):
+    """Through a stand-in capped step: the whole batch fitting, fitting only in 4 or in 8 micro-batches (the last of one
+    sample each), a step with a bug of its own (a ValueError, then a RuntimeError that is not out of memory), and nothing fitting at all."""
+    for batch_size, fits, expected in ((64, 64, 1), (64, 16, 4), (48, 6, 8), (1, 1, 1), (8, 1, 8)):
         _check_fits(fit, batch_size, fits, expected)
     for error in (_Bug, RuntimeError):
         step = _CappedStep(64, 16, error)
@@ -121,7 +128,10 @@ def check_fit_in_micro_batches(fit: Callable[[_CappedStep, int], Any]) -> str:
     try:
         got = _run(fit, step)
     except torch.OutOfMemoryError:
-        pass
+        assert step.calls and step.calls[-1] == 8, (
+            f"hint: nothing fitted a batch of 8 and your function raised after the calls {step.calls}, never trying "
+            "8 micro-batches of one sample each: give up only when twice the micro-batches would exceed batch_size"
+        )
     else:
         raise AssertionError(
             f"hint: not even one sample fitted (calls: {step.calls}), yet your function returned {got!r}: raise the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -67,6 +68,22 @@ def _answers(predict: Callable, model: torch.nn.Module, images: torch.Tensor) ->
     return torch.tensor([a[0] for a in answers]), torch.tensor([a[1] for a in answers])
 
 
+def _check_moves_the_image(predict: Callable, trained: torch.nn.Module, image: torch.Tensor) -> None:
+    """With the model's weights on another device than the image (meta: shapes without data, on any machine),
+    the model must receive the image on its own device. Answers cannot be read off meta, so only that is checked."""
+    model = copy.deepcopy(trained).to("meta")
+    given: list[torch.device] = []
+    model.register_forward_pre_hook(lambda module, args: given.append(args[0].device))
+    with contextlib.suppress(Exception):  # reading a class out of a meta tensor fails, as it should
+        predict(model, image)
+    assert given, "hint: with the model on another device, predict never called the model"
+    assert given[0] == torch.device("meta"), (
+        f"hint: with the model's weights on meta and the image on {image.device}, predict gave the model an image "
+        f"on {given[0]} (with the model on a GPU: an error): move the image to the model's own device, "
+        "image.to(next(model.parameters()).device), not to a device fixed elsewhere"
+    )
+
+
 @exercise("predict", reference=reference_predict)
 def check_predict(predict: Callable) -> str:
     """predict on every validation image, with the model in eval and then in train mode, must give one batched
@@ -115,6 +132,7 @@ def check_predict(predict: Callable) -> str:
         "hint: with the model in train mode the answers changed (dropout and BatchNorm acted as in training): "
         "call model.eval() before the forward pass"
     )
+    _check_moves_the_image(predict, trained, images[0])
     accuracy = (got_classes == labels).double().mean().item()
     loader = make_loader(TensorDataset(images, labels), batch_size=128, seed=0)  # seed: its own generator
     helper = evaluate(model, loader, F.cross_entropy, device="cpu")

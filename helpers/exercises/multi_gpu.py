@@ -40,6 +40,8 @@ def check_gradient_from_replicas(gradient_from_replicas: Callable) -> str:
     for n_devices, rows in CASES:
         inputs, targets = gradient_batch(SEED, rows)
         model = mlp(SEED, (64,))
+        seen: list[int] = []  # the rows each forward got: the hook travels into every copy.deepcopy(model)
+        model.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(len(args[0])))
         mine = gradient_from_replicas(model, inputs, targets, n_devices)
         expected = full_batch_gradient(SEED, inputs, targets)
         assert all(p.grad is None for p in model.parameters()), (
@@ -50,6 +52,11 @@ def check_gradient_from_replicas(gradient_from_replicas: Callable) -> str:
             f"replica), not one tensor per parameter; got {type(mine).__name__}"
         )
         pieces = _pieces(rows, n_devices)
+        assert sorted(seen) == sorted(pieces), (
+            f"hint: with {rows} rows on {n_devices} devices the forward passes got {seen} rows, but nn.DataParallel "
+            f"cuts the batch with torch.chunk into {pieces}: inputs.chunk({n_devices}) makes {n_devices} pieces, "
+            f"inputs.split({n_devices}) pieces of {n_devices} rows; run one replica per chunk"
+        )
         assert torch.allclose(mine, expected, rtol=1e-4, atol=1e-6), (
             f"hint: off by up to {float((mine - expected).abs().max()):.1e} with {rows} rows in pieces of {pieces}"
             + (

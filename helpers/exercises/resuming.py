@@ -102,7 +102,13 @@ def _stop_and_resume(training_checkpoint: Callable, data: tuple, stop: int, stra
             ) from None
         fresh = _build()
         torch.manual_seed(SEED + 1000 + stop)  # another process: its random state is not the stopped run's
-        where = training_checkpoint().resume(path, *fresh)  # a new object: nothing carried over in memory
+        with _watching_torch_load() as loads:
+            where = training_checkpoint().resume(path, *fresh)  # a new object: nothing carried over in memory
+    assert loads, "hint: resume never called torch.load: read the file at path with torch.load(path, weights_only=True)"
+    assert all(weights_only is not False for weights_only in loads), (
+        "hint: resume loaded with weights_only=False, which unpickles anything, code included, from a file that may "
+        "not be yours; the state_dict()s and RNG state load with weights_only=True (the default since torch 2.6)"
+    )
     parts = dict(zip(("model", "optimizer", "scheduler"), zip(stopped, fresh)))
     assert states_equal(parts["model"][0].state_dict(), parts["model"][1].state_dict()), (
         "hint: the resumed model's weights are not the stopped run's: save model.state_dict(), load_state_dict it"
@@ -159,6 +165,44 @@ def _crash_half_way_through_torch_save() -> Iterator[list[bool]]:
         torch.save = real_save
 
 
+@contextlib.contextmanager
+def _watching_torch_load() -> Iterator[list]:
+    """While inside, each torch.load call records its weights_only argument (None when left to the default)."""
+    real_load, calls = torch.load, []
+
+    def load(*args, **kwargs):
+        calls.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    torch.load = load
+    try:
+        yield calls
+    finally:
+        torch.load = real_load
+
+
+@contextlib.contextmanager
+def _watching_fsync() -> Iterator[list[int]]:
+    """While inside, os.fsync and os.fdatasync record the file descriptors they are given (and still sync them)."""
+    real = {name: getattr(os, name) for name in ("fsync", "fdatasync") if hasattr(os, name)}
+    synced: list[int] = []
+
+    def recording(name):
+        def sync(fd):
+            synced.append(fd)
+            return real[name](fd)
+
+        return sync
+
+    for name in real:
+        setattr(os, name, recording(name))
+    try:
+        yield synced
+    finally:
+        for name, function in real.items():
+            setattr(os, name, function)
+
+
 HINT_ATOMIC = (
     "write to a temporary file in the same folder, flush and os.fsync it, then os.replace(temporary, path): a reader "
     "then sees the old file or the new one, never half of one"
@@ -183,10 +227,16 @@ def _interrupted_save(training_checkpoint: Callable) -> None:
                 f"kill) left {left} at path, where the last good checkpoint was: {HINT_ATOMIC}"
             ) from None
         before = path.stat().st_ino
-        training_checkpoint().save(path, *run, epoch=0, position=2 * BATCH)
+        with _watching_fsync() as synced:
+            training_checkpoint().save(path, *run, epoch=0, position=2 * BATCH)
         assert before == 0 or path.stat().st_ino != before, (  # 0: a file system without inode numbers
             "hint: save rewrote the file at path in place (the same file, not a new one renamed over it), so a crash "
             f"during the write leaves half a checkpoint: {HINT_ATOMIC}"
+        )
+        assert synced, (
+            "hint: save never called os.fsync: the rename can reach the disk before the file's bytes do, and a power "
+            "cut then leaves an empty or partial checkpoint under the new name; after writing, file.flush() and "
+            "os.fsync(file.fileno()), then os.replace"
         )
 
 

@@ -87,6 +87,43 @@ def _mistakes(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
+def _graph_leaves(output: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors whose gradients backward from `output` would accumulate (the AccumulateGrad nodes)."""
+    leaves, seen, todo = [], set(), [output.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            leaves.append(node.variable)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return leaves
+
+
+def _check_gradient(module: nn.Module, x: torch.Tensor) -> None:
+    """Gradients flow from the output back to x, and to nothing else."""
+    inputs = x.detach().clone().requires_grad_()
+    out = module(inputs)
+    assert out.requires_grad, (
+        "hint: the output carries no graph (forward ran under torch.no_grad(), or detached its result): the values "
+        "are right, but no gradient would reach the layers before this module; compute it with ordinary operations"
+    )
+    strangers = [leaf for leaf in _graph_leaves(out) if leaf is not inputs]
+    assert not strangers, (
+        f"hint: forward made a tensor of shape {tuple(strangers[0].shape)} with requires_grad=True: every backward "
+        "fills its .grad, which nothing reads, and it is no parameter an optimizer would train; make the weights "
+        "as plain tensors (requires_grad stays False)"
+    )
+    (gradient,) = torch.autograd.grad(out.square().sum(), inputs)
+    expected_inputs = x.detach().clone().requires_grad_()
+    (expected,) = torch.autograd.grad(_running_mean(expected_inputs).square().sum(), expected_inputs)
+    assert torch.allclose(gradient, expected, atol=1e-5), (
+        "hint: the values are right but their gradient with respect to x is not: does forward detach part of "
+        "the computation?"
+    )
+
+
 def _build(RunningMean: Callable[..., Any]) -> nn.Module:
     """RunningMean(), refused with a hint when it is no module, never ran nn.Module.__init__ or holds parameters."""
     try:
@@ -112,8 +149,8 @@ def _fixed_sizes(module: nn.Module) -> list[int]:
 
 @exercise("RunningMean", reference=reference_running_mean)
 def check_running_mean(RunningMean: Callable[..., Any]) -> str:
-    """RunningMean()(x) must equal the running mean on the CPU (float32 at several lengths, float64), leave x as it
-    was, and run on meta and the best device."""
+    """RunningMean()(x) must equal the running mean on the CPU (float32 at several lengths, float64), pass gradients
+    back to x and to nothing else, leave x as it was, and run on meta and the best device."""
     generator = torch.Generator().manual_seed(0)
     module = _build(RunningMean)
     x = torch.randn(2, 6, 3, generator=generator)
@@ -131,6 +168,7 @@ def check_running_mean(RunningMean: Callable[..., Any]) -> str:
             "hint: position t holds the mean of x[:, :t + 1]: a lower-triangular matrix of ones, each row divided "
             "by its sum, times x"
         )
+    _check_gradient(module, x)
     lengths = sorted({*LENGTHS, *(size + 1 for size in _fixed_sizes(module) if size < 4096)})
     for length in lengths:
         x_long = torch.randn(1, length, 2, generator=generator)
