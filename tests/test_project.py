@@ -308,6 +308,20 @@ def test_notebook_code_is_formatted_at_100_characters(path):
     assert done.returncode == 0, f"{path.name}: run `ruff format --isolated --line-length 100 {path}`\n{done.stdout}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_comment_trails_a_bracket_the_formatter_wrapped_a_statement_around(path):
+    """`x = f(\n    a\n)  # why` is a one-line statement the formatter broke up to keep its comment on the line: the
+    comment belongs on its own line above it, and the statement on one line."""
+    wrapped = [
+        f"cell {cell.get('id')}: {line.strip()}"
+        for cell in nbformat.read(path, as_version=4).cells
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if re.match(r"^\s*[)\]]\s+#", line)
+    ]
+    assert not wrapped, f"{path.name}: put the comment on its own line above the statement: {wrapped}"
+
+
 # Pyflakes (unused imports, undefined names, f-strings without fields), bugbear (minus the closures over a loop
 # variable that timing cells call at once, and zip() without strict= over equal-length sequences), and one claim per
 # assert (PT018: `assert a and b` is two asserts, unless a noqa says why it is one fact).
