@@ -3,6 +3,7 @@ rank is killed (bit-identical to a run never stopped), two nodes on one machine 
 one launcher, an elastic group that takes a second node, and one live run per output folder."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -281,3 +282,7 @@ def test_an_elastic_group_takes_a_second_node_and_keeps_the_global_batch(text_fi
     assert "2 rank(s)" in both and "resumed at step" in both, both[-3000:]
     # The same windows at every step, the gradient of 2 x 4 sequences halved exactly: the weights of one rank
     assert _same_states(tmp_path / "alone", tmp_path / "grown", steps)
+    # and the validation loss of the same weights over the same windows, whatever the world size
+    evals = [json.loads((tmp_path / name / "history.json").read_text())["evals"][-1] for name in ("alone", "grown")]
+    assert evals[0]["step"] == evals[1]["step"] == steps
+    assert abs(evals[0]["val_loss"] - evals[1]["val_loss"]) < 1e-5, evals

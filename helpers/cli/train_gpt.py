@@ -106,7 +106,7 @@ class Config:
     threads: int | None = None  # torch's CPU threads; None: the cores shared among the local ranks
     # evaluation, checkpoints and logs (lessons 11 and 12)
     eval_every: int = 100  # steps between validation losses (and at the end)
-    eval_batches: int = 8  # batches of validation windows per evaluation
+    eval_batches: int = 8  # global batches of validation windows per evaluation: the same windows on any world size
     log_every: int = 10  # steps between log lines with tokens/s and MFU
     save_every: int = 0  # steps between checkpoints in --out; 0: none
     out: str | None = None  # folder for checkpoints, TensorBoard logs and history.json (rank 0 writes)
@@ -290,11 +290,12 @@ def train_step(run: Run, batches: Iterator) -> torch.Tensor:
 
 @torch.no_grad()
 def estimate_loss(run: Run) -> float:
-    """The mean loss on the same eval_batches of validation windows every time, averaged over the ranks."""
+    """The mean loss on the same eval_batches global batches of validation windows every time: each rank takes its
+    micro-batches of them (accumulation per global batch), so the windows are the same on any number of ranks."""
     run.model.eval()
     loader = window_loader(run.val_windows, run.config.batch_size, rank=run.rank, world_size=run.world_size)
     batches, losses = iter(loader), []
-    for _ in range(run.config.eval_batches):
+    for _ in range(run.config.eval_batches * run.accumulation):
         inputs, targets = (tensor.to(run.device) for tensor in next(batches))
         with precision_context(run):
             losses.append(F.cross_entropy(run.model(inputs).flatten(0, 1).float(), targets.flatten()))
