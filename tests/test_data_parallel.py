@@ -89,20 +89,15 @@ def test_a_loss_in_forward_comes_back_per_piece_and_only_a_rows_weighted_mean_is
     assert len(set(data_parallel_by_hand(net, x[:uneven], y[:uneven], n_devices)[1])) > 1  # the case is there
 
 
-def test_the_loss_on_the_gathered_outputs_is_one_number_so_a_mean_of_it_changes_nothing():
-    """The post's `loss.mean()` after a loss on the gathered outputs: the loss is a scalar already."""
-    x, y = gradient_batch(0, 8)
-    with torch.no_grad():
-        loss = F.cross_entropy(mlp(0, (64,))(x), y)
-    assert loss.ndim == 0 and torch.equal(loss.mean(), loss)
-
-
 def test_what_forward_sets_on_a_replica_is_lost_with_the_replica():
+    """replicate() makes each step's replicas with Module._replicate_for_data_parallel (runs on the CPU too): a new
+    object with a copy of the module's __dict__, so an attribute forward sets lands on the replica alone."""
     net = LossInForward(mlp(0, (64,)))
     x, y = gradient_batch(0, 6)
+    replica = net._replicate_for_data_parallel()
     with torch.no_grad():
-        _, seen = data_parallel_by_hand(net, x, y, 3)
-    assert seen == [2, 2, 2]  # every replica set it
+        torch.testing.assert_close(replica(x, y), F.cross_entropy(net[0](x), y))  # it runs the module's layers
+    assert replica.rows_seen == 6  # the replica set it
     assert not hasattr(net, "rows_seen")  # the wrapped module never did
 
 
