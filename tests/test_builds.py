@@ -77,4 +77,4 @@ def test_the_distributed_lessons_pass_on_a_build_without_nccl(tmp_path, monkeypa
     )
     assert "probe: False None" in printed  # the kernel saw a build without NCCL or CUDA
     if name == "07_processes_and_collectives":
-        assert "none under nccl" in printed  # its timeouts cell, where NCCL's default is missing
+        assert "'nccl': 'None'" in printed  # its timeouts cell, where NCCL's default is missing
