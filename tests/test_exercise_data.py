@@ -59,6 +59,16 @@ class NormalisesInPlace(TargetInsideTheWindow):  # scales the caller's series in
         return self.series[i : i + self.length], self.series[i + self.length]
 
 
+class TargetAsASlice(TargetInsideTheWindow):  # series[i + length : i + length + 1]: a batch of targets [N, 1]
+    def __getitem__(self, i):
+        return self.series[i : i + self.length], self.series[i + self.length : i + self.length + 1]
+
+
+class TargetOneTooFar(TargetInsideTheWindow):  # one step too far: the value after the next one
+    def __getitem__(self, i):
+        return self.series[i : i + self.length], self.series[i + self.length + 1]
+
+
 class AsFloat32(Dataset):  # "models want floats": the integer series' values cast on the way out
     def __init__(self, series, length):
         self.series, self.length = series.float(), length
@@ -80,6 +90,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (WindowOnly, r"a sample must be a pair \(window, target\)"),
     (NormalisesInPlace, "the series was changed"),
     (AsFloat32, "came out as torch.float32 and torch.float32, but the series is torch.int64"),
+    (TargetAsASlice, r"target must be the single value series\[8\]"),
+    (TargetOneTooFar, r"sample 0's target must be the single value series\[8\]"),
 ]
 
 

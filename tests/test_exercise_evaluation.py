@@ -48,6 +48,22 @@ def sorts_in_place(y_true, y_pred, num_classes):  # the caller's labels reordere
     return reference_balanced_accuracy(y_true, y_pred, num_classes)
 
 
+def zeroes_the_predictions(y_true, y_pred, num_classes):  # right, then clears the caller's predictions
+    value = reference_balanced_accuracy(y_true, y_pred, num_classes)
+    y_pred.zero_()
+    return value
+
+
+def per_class_recalls(y_true, y_pred, num_classes):  # each class's recall, never averaged
+    tp, true, _ = _counts(y_true, y_pred, num_classes)
+    return (tp / true.clamp(min=1))[true > 0]
+
+
+def over_the_predicted_classes(y_true, y_pred, num_classes):  # the mean over classes predicted, not true
+    tp, true, predicted = _counts(y_true, y_pred, num_classes)
+    return float((tp / true.clamp(min=1))[predicted > 0].mean())
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (accuracy, "that is the accuracy"),
     (absent_classes_as_zero, "counted as recall 0"),
@@ -56,6 +72,9 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (nan_for_absent_classes, "NaN on"),
     (as_a_string, "return one number"),
     (sorts_in_place, "changed y_true or y_pred in place"),
+    (zeroes_the_predictions, "changed y_true or y_pred in place"),
+    (per_class_recalls, "return one number .a float., got Tensor"),
+    (over_the_predicted_classes, "per class with true samples TP / true samples, then the plain mean"),
 ]
 
 

@@ -64,6 +64,21 @@ def divided_by_the_devices(model, inputs, targets, n_devices):
     return total / n_devices  # weighted by rows, but divided by the replicas instead of the rows
 
 
+def one_gradient_per_replica(model, inputs, targets, n_devices):  # the replicas' gradients, never combined
+    grads = []
+    for piece_inputs, piece_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)
+        F.cross_entropy(replica(piece_inputs), piece_targets).backward()
+        grads.append(flat_grad(replica) * len(piece_targets) / len(targets))
+    return grads
+
+
+def first_piece_only(model, inputs, targets, n_devices):  # the gradient on GPU 0's piece, as if it were the batch
+    replica = copy.deepcopy(model)
+    F.cross_entropy(replica(inputs.chunk(n_devices)[0]), targets.chunk(n_devices)[0]).backward()
+    return flat_grad(replica)
+
+
 def pieces_of_n_rows(model, inputs, targets, n_devices):  # split(n): pieces of n rows each, not n pieces
     total = 0
     for piece_inputs, piece_targets in zip(inputs.split(n_devices), targets.split(n_devices)):
@@ -90,6 +105,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (one_replica_for_all_pieces, r"off by up to .* with 32 rows in pieces of \[16, 16\]: .*on its own replica"),
     (divided_by_the_devices, r"off by up to [0-9.]+e\+00 with 32 rows in pieces of \[16, 16\]"),
     (pieces_of_n_rows, r"with 32 rows on 2 devices the forward passes got \[2, 2, .*inputs.split\(2\) pieces of 2"),
+    (one_gradient_per_replica, "return one flat vector .* got list"),
+    (first_piece_only, r"the forward passes got \[16\] rows, but nn.DataParallel cuts the batch with torch.chunk into"),
     (pieces_cut_by_tensor_split, r"forward passes got \[4, 3, 3\] rows, but .* torch.chunk into \[4, 4, 2\]"),
 ]
 

@@ -55,6 +55,22 @@ def seeded_by_rank(n, rank, world_size, seed, epoch):  # a different order on ev
     return (order * math.ceil(total / n))[:total][rank::world_size]
 
 
+def ignores_the_seed(n, rank, world_size, seed, epoch):  # the order drawn from the epoch alone
+    total = math.ceil(n / world_size) * world_size
+    order = _order(n, 0, epoch)
+    return (order * math.ceil(total / n))[:total][rank::world_size]
+
+
+def drops_the_rest(n, rank, world_size, seed, epoch):  # drop_last's cut: even shards, the last samples never seen
+    total = n // world_size * world_size
+    return _order(n, seed, epoch)[:total][rank::world_size]
+
+
+def forgets_to_return(n, rank, world_size, seed, epoch):  # the shard computed, then dropped
+    total = math.ceil(n / world_size) * world_size
+    _ = (_order(n, seed, epoch) * math.ceil(total / n))[:total][rank::world_size]
+
+
 def as_a_tensor(n, rank, world_size, seed, epoch):  # right, returned as a tensor: accepted
     generator = torch.Generator().manual_seed(seed + epoch)
     total = math.ceil(n / world_size) * world_size
@@ -76,6 +92,9 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (pads_with_the_last, "the shuffled order is right, the padding is not"),
     (pads_once, r"n=2, world_size=5.*the ranks got \[1, 1, 1, 1, 0\] indices"),
     (seeded_by_rank, r"rank 1: got .* DistributedSampler yields"),
+    (ignores_the_seed, r"n=1347, world_size=4, seed=7, epoch 0, rank 0: got .*manual_seed\(seed \+ epoch\)"),
+    (drops_the_rest, r"n=13, world_size=3, seed=0, epoch 0: the ranks got \[4, 4, 4\] indices, not 5 each"),
+    (forgets_to_return, "returned NoneType, not a list of indices"),
 ]
 RIGHT = [as_a_tensor, through_the_sampler]
 
