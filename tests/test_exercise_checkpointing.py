@@ -52,6 +52,20 @@ def forward_one_checkpoint_for_the_stack(stack, x, every):
     return checkpoint(stack, x, use_reentrant=False)
 
 
+def forward_returning_every_group(stack, x, every):  # each group's output, where the caller wants the last
+    outputs = []
+    for start in range(0, len(stack), 2 * every):
+        x = checkpoint(stack[start : start + 2 * every], x, use_reentrant=False)
+        outputs.append(x)
+    return outputs
+
+
+def forward_one_block_too_many_per_group(stack, x, every):  # groups of every + 1 blocks: fewer, larger groups
+    for start in range(0, len(stack), 2 * (every + 1)):
+        x = checkpoint(stack[start : start + 2 * (every + 1)], x, use_reentrant=False)
+    return x
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (forward_reentrant, "the output needs no gradient: with use_reentrant=True"),
     (forward_grouped_by_modules, "a block is two modules"),
@@ -61,6 +75,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (forward_detached_between_groups, "the graph was cut between groups"),
     (forward_not_checkpointed, "as many as a plain run: nothing was checkpointed"),
     (forward_one_checkpoint_for_the_stack, "one checkpoint over the whole stack keeps 1 activation"),
+    (forward_returning_every_group, r"return the stack's output, a tensor of shape \(4, 16\); got list"),
+    (forward_one_block_too_many_per_group, "10 blocks in groups of 3 are 4 groups and keep 4 activations"),
 ]
 
 

@@ -115,6 +115,27 @@ def step_zeroing_first(model, optimizer, scaler, inputs, targets, dtype, max_nor
     scaler.update()
 
 
+def step_without_autocast(model, optimizer, scaler, inputs, targets, dtype, max_norm):  # all float32
+    loss = F.cross_entropy(model(inputs), targets)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def step_in_float16_always(model, optimizer, scaler, inputs, targets, dtype, max_norm):  # the dtype given, ignored
+    with torch.autocast(inputs.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(inputs), targets)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (step_inside_autocast, "ran inside autocast"),
     (step_without_zero_grad, "with bf16 .no scaling. the weights differ.*zero_grad"),
@@ -124,6 +145,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (step_without_clipping, "with bf16 .no scaling. the weights differ.*unclipped step"),
     (step_without_scaling_the_loss, "bf16 matches but fp16 does not: the loss was not scaled"),
     (step_unscaling_after_clipping, "bf16 matches but fp16 does not.*unscale_.optimizer. BEFORE clipping"),
+    (step_without_autocast, "with bf16 .no scaling. the weights differ.*they equal a float32 step's"),
+    (step_in_float16_always, "with bf16 .no scaling. the weights differ.*they equal a step under float16 autocast"),
 ]
 
 

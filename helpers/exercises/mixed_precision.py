@@ -63,7 +63,9 @@ def weights_after_three_steps(
 
 def _step_with(model, optimizer, scaler, inputs, targets, dtype, max_norm, *, mistake: str) -> None:
     """The reference step with one known `mistake`, to name the learner's when their weights equal its weights."""
-    with torch.autocast(inputs.device.type, dtype=dtype):
+    used = torch.float16 if mistake == "float16 always" else dtype
+    enabled = mistake != "no autocast"
+    with torch.autocast(inputs.device.type, dtype=used, enabled=enabled):
         loss = F.cross_entropy(model(inputs), targets)
     scaler.scale(loss).backward()
     if mistake == "clipped while scaled":
@@ -79,6 +81,16 @@ def _step_with(model, optimizer, scaler, inputs, targets, dtype, max_norm, *, mi
 
 # Each known mistake: the precision where it first shows, and what its hint says after the hint's first part.
 _MISTAKES = {
+    "no autocast": (
+        "bf16",
+        "they equal a float32 step's: the forward and the loss ran without autocast; put them under "
+        "torch.autocast(inputs.device.type, dtype=dtype)",
+    ),
+    "float16 always": (
+        "bf16",
+        "they equal a step under float16 autocast: use the dtype the step is given, "
+        "torch.autocast(inputs.device.type, dtype=dtype), not a fixed one",
+    ),
     "no clipping": (
         "bf16",
         "they equal an unclipped step's: clip_grad_norm_(model.parameters(), max_norm) after backward",
