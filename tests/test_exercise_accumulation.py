@@ -75,6 +75,20 @@ def one_pass_over_all_the_samples(model, optimizer, micro_batches):
     optimizer.zero_grad(set_to_none=True)
 
 
+def never_steps(model, optimizer, micro_batches):  # gradients accumulated, then thrown away
+    samples = sum(len(targets) for _, targets in micro_batches)
+    for inputs, targets in micro_batches:
+        (F.cross_entropy(model(inputs), targets, reduction="sum") / samples).backward()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def first_micro_batch_only(model, optimizer, micro_batches):  # the others never reach backward
+    inputs, targets = micro_batches[0]
+    F.cross_entropy(model(inputs), targets).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (divided_by_k, "dividing each loss by k is right only when"),
     (no_zero_grad_after_the_step, "the first step was right, the second is off"),
@@ -85,6 +99,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (losses_not_scaled, "the micro-batches' mean losses were added up as they are"),
     (divided_by_the_nominal_batch, "the gradient points the right way but is 3.44x as long"),
     (one_pass_over_all_the_samples, "the saved-tensor peak was .*one forward pass over all the samples"),
+    (never_steps, r"optimizer.step\(\) ran 0 times in two calls"),
+    (first_micro_batch_only, "the first step's gradient is not the one-batch gradient"),
 ]
 
 

@@ -87,6 +87,22 @@ def last_epoch_off_by_one(val_losses, patience, min_delta=0.0):
     return best_epoch, len(val_losses) - 1  # the index of the last loss, not its epoch
 
 
+def returns_the_best_loss(val_losses, patience, min_delta=0.0):  # the best loss where its epoch belongs
+    best_epoch, best = 1, val_losses[0]
+    for epoch, loss in enumerate(val_losses[1:], start=2):
+        if loss < best - min_delta:
+            best_epoch, best = epoch, loss
+        elif epoch - best_epoch >= patience:
+            return best, epoch
+    return best, len(val_losses)
+
+
+def sorts_the_losses(val_losses, patience, min_delta=0.0):  # the right epochs, and the caller's history sorted
+    epochs = reference_early_stopping(val_losses, patience, min_delta)
+    val_losses.sort()  # "the lowest loss first", for a printout
+    return epochs
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (ties_count_as_better, "an equal loss is no improvement"),
     (counts_from_zero, "Epochs count from 1"),
@@ -97,6 +113,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (counter_never_reset, "reset your count of epochs without improvement"),
     (best_of_all_the_losses, "the best epoch is the best of the epochs that ran"),
     (last_epoch_off_by_one, "the stop epoch is the last one: len.val_losses."),
+    (returns_the_best_loss, r"you returned \(0.5, 3\), with 0.5, a float: return epoch numbers"),
+    (sorts_the_losses, "early_stopping changed the list of losses it was given"),
 ]
 
 

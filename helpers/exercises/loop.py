@@ -158,9 +158,19 @@ def check_early_stopping(early_stopping: Callable) -> str:
         ((losses, patience, 0.0), lesson_rule(losses, patience), lesson_hint) for losses, patience in _random_runs(12)
     ]
     for (losses, patience, min_delta), expected, hint in cases:
-        got = early_stopping(list(losses), patience, min_delta)
+        given = list(losses)
+        got = early_stopping(given, patience, min_delta)
+        assert given == list(losses), (
+            f"hint: early_stopping changed the list of losses it was given ({list(losses)} became {given}): the "
+            "caller's history must stay as it was; read it (sorted(...) makes a copy, .sort() does not)"
+        )
         assert isinstance(got, Sequence) and len(got) == 2, (
             f"hint: return two epoch numbers, (best_epoch, stop_epoch), got {got!r}"
+        )
+        floats = [value for value in got if isinstance(value, float)]
+        assert not floats, (
+            f"hint: losses {losses}: you returned {tuple(got)}, with {floats[0]!r}, a float: return epoch numbers "
+            "(ints counting from 1), not a loss"
         )
         got = tuple(int(epoch) for epoch in got)
         where = f"losses {losses}, patience={patience}, min_delta={min_delta}: got {got}, expected {expected}"
