@@ -53,6 +53,18 @@ def test_the_reference_matches_the_lessons_model():
     assert reference_bytes_on_rank([(5, 8)], 4, 3) == 0  # torch.chunk made 3 chunks: the 4th rank holds nothing
 
 
+def whole_model(shapes, world_size, rank):  # DDP's bytes: every rank holds all of it
+    return 16 * sum(math.prod(shape) for shape in shapes)
+
+
+def cut_along_the_last_dim(shapes, world_size, rank):  # the columns cut, where FSDP2 cuts dim 0
+    held = 0
+    for shape in shapes:
+        per_rank = -(-shape[-1] // world_size)
+        held += max(0, min(per_rank, shape[-1] - rank * per_rank)) * math.prod(shape[:-1])
+    return 16 * held
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (plain_share, "a plain share, rows / world_size"),
     (floor_rows, "rows // world_size leaves the remainder rows to nobody"),
@@ -63,6 +75,8 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (parameters_only, "16 bytes per element"),
     (as_text, "return a number of bytes"),
     (last_rank_like_the_first, r"world_size=3, rank=2: expected 47808, got 52976. .*the chunks run out"),
+    (whole_model, "that is the whole model's state, what every rank holds under DDP"),
+    (cut_along_the_last_dim, "the shards were cut along the last dimension"),
 ]
 
 

@@ -64,7 +64,20 @@ def _mistakes(shapes: Sequence[tuple[int, ...]], world_size: int, rank: int) -> 
         "a rank past the last chunk holds 0 rows, never a negative number": _split(
             shapes, world_size, rank, lambda rows: min(-(-rows // world_size), rows - rank * -(-rows // world_size))
         ),
+        "that is the whole model's state, what every rank holds under DDP: FSDP2 leaves each rank only its "
+        "shard of every parameter": _split(shapes, world_size, rank, lambda rows: rows),
+        "the shards were cut along the last dimension: FSDP2 cuts dim 0, the rows, as torch.chunk(world_size) "
+        "does": _along_the_last_dim(shapes, world_size, rank),
     }
+
+
+def _along_the_last_dim(shapes: Sequence[tuple[int, ...]], world_size: int, rank: int) -> float:
+    """The bytes of a rank whose shards were cut along each shape's last dimension instead of its first."""
+    held = 0
+    for shape in shapes:
+        pieces = torch.arange(shape[-1]).chunk(world_size)
+        held += (len(pieces[rank]) if rank < len(pieces) else 0) * math.prod(shape[:-1])
+    return BYTES_PER_ELEMENT * held
 
 
 @exercise("bytes_on_rank", reference=reference_bytes_on_rank)
