@@ -80,6 +80,10 @@ def fixed_order(model, train_set, *, batch_size, lr, seed, device):  # the data 
     return functools.partial(train_epoch, model, loader, optimizer, F.cross_entropy, device=device, progress=False)
 
 
+def returns_the_loader(model, train_set, *, batch_size, lr, seed, device):  # the data, where a function belongs
+    return make_loader(train_set, batch_size=batch_size, shuffle=True, seed=seed)
+
+
 WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercises.py
     (returns_nothing, "must return a function that trains one epoch"),
     (never_steps, "ran no optimizer.step"),
@@ -90,6 +94,7 @@ WRONG = [  # (wrong answer, the hint it must get); counted by tests/test_exercis
     (forgets_zero_grad, "Zero the gradients after every step"),
     (unseeded_order, "two first epochs with seed=0 ended with different weights: the order of the data ignores"),
     (fixed_order, "the data comes in one fixed order; shuffle it"),
+    (returns_the_loader, "must return a function that trains one epoch when called .*got DataLoader"),
 ]
 
 
