@@ -115,7 +115,8 @@ def long_tick_lines(outputs) -> list[str]:
     return [line for line in lines if line.startswith("✓") and len(line) > MAX_TICK_LINE]
 
 
-def _load_site_builder():
+def load_site_builder():
+    """scripts/build_site.py as a module (the site's build is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -146,7 +147,7 @@ class NotebookRun:
             for output in cell.outputs:
                 if output.get("output_type") == "execute_result":
                     output["execution_count"] = number + 1
-        builder = _load_site_builder()
+        builder = load_site_builder()
         builder.store_executed(self.path, nb, time.perf_counter() - self.started, folder / self.path.name)
 
 

@@ -18,21 +18,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import conftest
+
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "00_setup_and_devices"
 REMOTE = "/scratch/job-1234/checkout"  # where the fake GPU machine kept its checkout
 FOOTER = "[NVIDIA H100 80GB HBM3, 16 cores, 16 torch threads, torch 2.11.0+cu130, device cuda, allocator]"
 
 
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_site = _load_builder()
+build_site = conftest.load_site_builder()
 
 
 def _executed(stem: str = LESSON, *, stop_at: int | None = None, error_at: int | None = None):
